@@ -1,0 +1,462 @@
+"""Attention as pure tensor functions: scores, masks, weight variants, reference and fused paths.
+
+Shape glossary (every function below uses it):
+
+- ``q``: ``(B, H, Tq, D)``; ``k``, ``v``: ``(B, Hkv, Tk, D)`` with ``H % Hkv == 0`` (GQA when
+  ``Hkv < H``; query head ``h`` reads key/value head ``h // (H // Hkv)``).
+- scores and weights: ``(B, H, Tq, Tk)``; ``weights[b, h, i, j]`` is the attention mass that query
+  ``i`` gives key ``j``.
+- query ``i`` sits at absolute position ``Tk - Tq + i`` (the queries are the *last* ``Tq``
+  positions), so the same code serves a prefill (``Tq == Tk``) and decoding with a cache
+  (``Tq < Tk``).
+- boolean masks: ``True`` = may attend; any shape that broadcasts to ``(B, H, Tq, Tk)``.
+
+Weight variants (``VARIANTS``): ``softmax``; ``softmax1`` (an invisible extra slot with logit 0, so
+rows may sum to less than 1, SCIENCE.md §2); ``sink`` (the same slot with a learned logit per head,
+gpt-oss style); ``clipped`` (Bondarenko et al. 2023); ``sigmoid`` (unnormalised, Gu et al. 2025).
+Every weight function computes in float32 (float64 stays float64), returns the scores' dtype, gives
+exact zeros on a fully masked row and stays finite for scores of +-1e4 in float32/16/bfloat16.
+
+This module knows nothing about models or files.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from sinklab.errors import SinklabError
+
+__all__ = [
+    "VARIANTS",
+    "attention_weights",
+    "causal_mask",
+    "clipped_softmax",
+    "fused_attention",
+    "output_gate",
+    "reference_attention",
+    "repeat_kv",
+    "scaled_scores",
+    "sigmoid_attention",
+    "sink_softmax",
+    "sink_window_mask",
+    "softmax",
+    "softmax1",
+    "window_mask",
+]
+
+VARIANTS = ("softmax", "softmax1", "sink", "clipped", "sigmoid")
+# Variants that fused_attention runs through SDPA's fused kernels; the others fall back.
+FUSED_VARIANTS = ("softmax", "softmax1", "sink")
+
+
+# --------------------------------------------------------------------------- shapes and scores
+
+
+def repeat_kv(x: Tensor, n_rep: int) -> Tensor:
+    """Repeat key/value heads for grouped-query attention.
+
+    ``x``: ``(B, Hkv, T, D)`` -> ``(B, Hkv * n_rep, T, D)``; output head ``h`` is input head
+    ``h // n_rep`` (the transformers / SDPA ``enable_gqa`` convention).
+    """
+    if n_rep < 1:
+        raise SinklabError(f"n_rep must be >= 1, got {n_rep}; pass query heads // key heads.")
+    if n_rep == 1:
+        return x
+    b, hkv, t, d = x.shape
+    x = x[:, :, None].expand(b, hkv, n_rep, t, d)  # (B, Hkv, n_rep, T, D)
+    return x.reshape(b, hkv * n_rep, t, d)  # (B, Hkv * n_rep, T, D)
+
+
+def _check_qkv(q: Tensor, k: Tensor, v: Tensor | None = None) -> int:
+    """Validate shapes and return ``n_rep = H // Hkv``."""
+    tensors = (q, k) if v is None else (q, k, v)
+    if any(t.ndim != 4 for t in tensors):
+        shapes = ", ".join(str(tuple(t.shape)) for t in tensors)
+        raise SinklabError(f"q, k, v must be 4-D (B, H, T, D), got {shapes}.")
+    if k.shape[-1] != q.shape[-1]:
+        raise SinklabError(f"q and k head dims differ ({q.shape[-1]} vs {k.shape[-1]}).")
+    if v is not None and (v.shape[:3] != k.shape[:3]):
+        raise SinklabError(f"k {tuple(k.shape)} and v {tuple(v.shape)} disagree on (B, H, T).")
+    h, hkv = q.shape[1], k.shape[1]
+    if hkv == 0 or h % hkv:
+        raise SinklabError(f"query heads ({h}) must be a multiple of key/value heads ({hkv}).")
+    return h // hkv
+
+
+def scaled_scores(q: Tensor, k: Tensor, scale: float | None = None) -> Tensor:
+    """Attention logits ``scale * q @ k^T``: ``(B, H, Tq, D), (B, Hkv, Tk, D) -> (B, H, Tq, Tk)``.
+
+    ``scale`` defaults to ``1 / sqrt(D)``; key heads are repeated when ``Hkv < H``.
+    """
+    n_rep = _check_qkv(q, k)
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+    return (q @ repeat_kv(k, n_rep).transpose(-2, -1)) * scale  # (B, H, Tq, Tk)
+
+
+# --------------------------------------------------------------------------- masks
+
+
+def _rel_pos(tq: int, tk: int, device: torch.device | str | None) -> Tensor:
+    """``query_pos - key_pos`` for every pair: ``(tq, tk)``, query ``i`` at ``tk - tq + i``."""
+    if tq < 0 or tk < 0:
+        raise SinklabError(f"mask sizes must be >= 0, got tq={tq}, tk={tk}.")
+    query_pos = torch.arange(tq, device=device) + (tk - tq)
+    key_pos = torch.arange(tk, device=device)
+    return query_pos[:, None] - key_pos[None, :]  # (tq, tk)
+
+
+def causal_mask(tq: int, tk: int, device: torch.device | str | None = None) -> Tensor:
+    """Bool ``(tq, tk)``: query ``i`` (at ``tk - tq + i``) may see keys at positions ``<=`` its own.
+
+    With ``tq > tk`` the first ``tq - tk`` rows are fully masked.
+    """
+    return _rel_pos(tq, tk, device) >= 0
+
+
+def window_mask(tq: int, tk: int, window: int, device: torch.device | str | None = None) -> Tensor:
+    """Bool ``(tq, tk)``: causal and the key is among the ``window`` most recent positions
+    (the query's own position included), i.e. ``0 <= query_pos - key_pos < window``."""
+    if window < 1:
+        raise SinklabError(f"window must be >= 1, got {window}; it counts the query itself.")
+    rel = _rel_pos(tq, tk, device)
+    return (rel >= 0) & (rel < window)
+
+
+def sink_window_mask(
+    tq: int, tk: int, n_sink: int, window: int, device: torch.device | str | None = None
+) -> Tensor:
+    """Bool ``(tq, tk)``: StreamingLLM's pattern, ``window_mask`` OR key position ``< n_sink``,
+    still causal (a sink key after the query stays hidden)."""
+    if n_sink < 0:
+        raise SinklabError(f"n_sink must be >= 0, got {n_sink}.")
+    rel = _rel_pos(tq, tk, device)
+    is_sink = torch.arange(tk, device=device)[None, :] < n_sink  # (1, tk)
+    return window_mask(tq, tk, window, device) | (is_sink & (rel >= 0))
+
+
+# --------------------------------------------------------------------------- weight variants
+
+
+def _work_dtype(dtype: torch.dtype) -> torch.dtype:
+    """float32 for half types, float64 stays float64."""
+    return torch.promote_types(dtype, torch.float32)
+
+
+def _per_head(value: Tensor | float, scores: Tensor, name: str) -> Tensor:
+    """A scalar or per-head ``(H,)`` parameter as a tensor broadcastable to ``(B, H, Tq, Tk)``."""
+    dtype = _work_dtype(scores.dtype)
+    if isinstance(value, Tensor):
+        t = value.to(device=scores.device, dtype=dtype)
+    else:
+        t = torch.tensor(float(value), device=scores.device, dtype=dtype)
+    if t.ndim == 1:
+        if scores.ndim < 3 or t.shape[0] != scores.shape[-3]:
+            raise SinklabError(
+                f"{name} has {t.shape[0]} entries but the scores {tuple(scores.shape)} have "
+                f"{scores.shape[-3] if scores.ndim >= 3 else 'no'} heads; pass one per head."
+            )
+        return t.view(-1, 1, 1)  # (H, 1, 1)
+    return t
+
+
+def _check_mask(mask: Tensor | None) -> None:
+    if mask is not None and mask.dtype != torch.bool:
+        raise SinklabError(f"masks must be bool (True = may attend), got {mask.dtype}.")
+
+
+def _exp_normalise(scores: Tensor, mask: Tensor | None, extra_logit: Tensor | None) -> Tensor:
+    """Stable ``exp(s_j) / (exp(extra) + sum_k exp(s_k))`` over allowed keys, in work precision.
+
+    Without ``extra_logit`` this is softmax. The row maximum includes the extra slot and is
+    detached (the result does not depend on it); a fully masked row gives zeros, never NaN.
+    """
+    _check_mask(mask)
+    s = scores.to(_work_dtype(scores.dtype))
+    if mask is not None:
+        s = s.masked_fill(~mask, float("-inf"))
+    m = s.amax(dim=-1, keepdim=True)  # (B, H, Tq, 1)
+    if extra_logit is not None:
+        m = torch.maximum(m, extra_logit)
+    m = m.detach()
+    m = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
+    e = torch.exp(s - m)
+    denom = e.sum(dim=-1, keepdim=True)
+    if extra_logit is not None:
+        denom = denom + torch.exp(extra_logit - m)
+    return e / denom.clamp_min(torch.finfo(e.dtype).tiny)
+
+
+def softmax(scores: Tensor, mask: Tensor | None = None) -> Tensor:
+    """Softmax over keys: ``(B, H, Tq, Tk) -> (B, H, Tq, Tk)``; fully masked rows are zeros."""
+    return _exp_normalise(scores, mask, None).to(scores.dtype)
+
+
+def sink_softmax(
+    scores: Tensor, mask: Tensor | None = None, sink_logit: Tensor | float = 0.0
+) -> Tensor:
+    """Softmax with an invisible extra slot of logit ``sink_logit`` (scalar or ``(H,)``).
+
+    ``w_j = exp(s_j) / (exp(sink_logit) + sum_k exp(s_k))``: ``(B, H, Tq, Tk) -> (B, H, Tq, Tk)``.
+    Rows are positive and sum to less than 1 (in floating point they round to 1 once the largest
+    score exceeds ``sink_logit`` by about 17 in float32); a fully masked row is all zeros.
+    """
+    extra = _per_head(sink_logit, scores, "sink_logit")
+    return _exp_normalise(scores, mask, extra).to(scores.dtype)
+
+
+def softmax1(scores: Tensor, mask: Tensor | None = None) -> Tensor:
+    """softmax + 1 ("attention is off by one"): ``exp(s_j) / (1 + sum_k exp(s_k))``.
+
+    ``(B, H, Tq, Tk) -> (B, H, Tq, Tk)``; equals ``sink_softmax(..., sink_logit=0.0)``.
+    """
+    return sink_softmax(scores, mask, 0.0)
+
+
+def clipped_softmax(
+    scores: Tensor, mask: Tensor | None = None, zeta: float = 1.0, gamma: float = -0.03
+) -> Tensor:
+    """Clipped softmax (Bondarenko et al. 2023): ``clip((zeta - gamma) * softmax + gamma, 0, 1)``.
+
+    ``(B, H, Tq, Tk) -> (B, H, Tq, Tk)``; ``gamma <= 0`` lets a weight reach exactly 0,
+    ``zeta >= 1`` exactly 1. Masked entries are 0.
+    """
+    if not (gamma <= 0.0 and zeta >= 1.0):
+        raise SinklabError(f"clipped softmax needs gamma <= 0 <= 1 <= zeta, got {gamma=}, {zeta=}.")
+    p = _exp_normalise(scores, mask, None)
+    w = ((zeta - gamma) * p + gamma).clamp(0.0, 1.0)
+    if mask is not None:
+        w = w.masked_fill(~mask, 0.0)
+    return w.to(scores.dtype)
+
+
+def sigmoid_attention(
+    scores: Tensor, mask: Tensor | None = None, bias: Tensor | float = 0.0
+) -> Tensor:
+    """Unnormalised sigmoid weights ``sigmoid(s + bias)``, masked entries 0 (Gu et al. 2025).
+
+    ``(B, H, Tq, Tk) -> (B, H, Tq, Tk)``; ``bias`` is a scalar or one value per head ``(H,)``
+    (a common choice is ``-log(Tk)``). Rows need not sum to 1, so no sink is needed.
+    """
+    _check_mask(mask)
+    s = scores.to(_work_dtype(scores.dtype))
+    w = torch.sigmoid(s + _per_head(bias, scores, "sigmoid bias"))
+    if mask is not None:
+        w = w.masked_fill(~mask, 0.0)
+    return w.to(scores.dtype)
+
+
+def output_gate(out: Tensor, gate_logits: Tensor) -> Tensor:
+    """Gated attention output ``out * sigmoid(gate_logits)``.
+
+    ``out``: ``(B, H, Tq, D)``; ``gate_logits``: ``(B, H, Tq)`` (one gate per head and query,
+    broadcast over ``D``) or anything 4-D that broadcasts to ``out`` (e.g. ``(B, H, Tq, D)``
+    for elementwise gates). Returns ``(B, H, Tq, D)`` in ``out``'s dtype.
+    """
+    g = gate_logits if gate_logits.ndim == out.ndim else gate_logits.unsqueeze(-1)
+    gate = torch.sigmoid(g.to(_work_dtype(out.dtype)))
+    return (out.to(gate.dtype) * gate).to(out.dtype)
+
+
+def _check_variant(variant: str) -> None:
+    if variant not in VARIANTS:
+        raise SinklabError(
+            f"unknown attention variant {variant!r}; use one of: {', '.join(VARIANTS)}."
+        )
+
+
+def attention_weights(
+    variant: str,
+    scores: Tensor,
+    mask: Tensor | None = None,
+    *,
+    sink_logit: Tensor | float | None = None,
+    sigmoid_bias: Tensor | float = 0.0,
+    zeta: float = 1.0,
+    gamma: float = -0.03,
+) -> Tensor:
+    """Dispatch to a weight variant: ``(B, H, Tq, Tk) -> (B, H, Tq, Tk)``.
+
+    ``sink_logit`` is read by ``"sink"`` only (``None`` means 0, i.e. softmax1); ``sigmoid_bias``
+    by ``"sigmoid"`` only; ``zeta``/``gamma`` by ``"clipped"`` only. Other variants ignore them.
+    """
+    _check_variant(variant)
+    if variant == "softmax":
+        return softmax(scores, mask)
+    if variant == "softmax1":
+        return softmax1(scores, mask)
+    if variant == "sink":
+        return sink_softmax(scores, mask, 0.0 if sink_logit is None else sink_logit)
+    if variant == "clipped":
+        return clipped_softmax(scores, mask, zeta=zeta, gamma=gamma)
+    return sigmoid_attention(scores, mask, sigmoid_bias)
+
+
+# --------------------------------------------------------------------------- full attention
+
+
+def _combined_mask(
+    mask: Tensor | None, is_causal: bool, tq: int, tk: int, device: torch.device
+) -> Tensor | None:
+    """``mask AND causal_mask`` (either may be absent); broadcastable to ``(B, H, tq, tk)``."""
+    _check_mask(mask)
+    if not is_causal:
+        return mask
+    causal = causal_mask(tq, tk, device)
+    return causal if mask is None else mask & causal
+
+
+def reference_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    *,
+    mask: Tensor | None = None,
+    is_causal: bool = False,
+    variant: str = "softmax",
+    sink_logit: Tensor | float | None = None,
+    scale: float | None = None,
+    gate_logits: Tensor | None = None,
+    sigmoid_bias: Tensor | float = 0.0,
+    zeta: float = 1.0,
+    gamma: float = -0.03,
+) -> tuple[Tensor, Tensor]:
+    """Materialised attention: returns ``(out (B, H, Tq, D), weights (B, H, Tq, Tk))``.
+
+    ``mask`` and ``is_causal`` combine with AND (causal = bottom-right aligned, see the module
+    docstring); key/value heads are repeated for GQA; ``gate_logits`` (see ``output_gate``)
+    gates the output after the value mix. Costs O(Tq * Tk) memory per head.
+    """
+    _check_variant(variant)
+    n_rep = _check_qkv(q, k, v)
+    k, v = repeat_kv(k, n_rep), repeat_kv(v, n_rep)  # (B, H, Tk, D)
+    scores = scaled_scores(q, k, scale)  # (B, H, Tq, Tk)
+    full = _combined_mask(mask, is_causal, q.shape[-2], k.shape[-2], q.device)
+    weights = attention_weights(
+        variant,
+        scores,
+        full,
+        sink_logit=sink_logit,
+        sigmoid_bias=sigmoid_bias,
+        zeta=zeta,
+        gamma=gamma,
+    )
+    out = weights @ v  # (B, H, Tq, D)
+    if gate_logits is not None:
+        out = output_gate(out, gate_logits)
+    return out, weights
+
+
+def _sink_pad_width(d: int, device: torch.device) -> int:
+    """Extra head dims that carry the sink logit: 1 on CPU; on accelerators, enough to keep the
+    head dim a multiple of 8 (their flash / memory-efficient kernels require it)."""
+    if device.type == "cpu":
+        return 1
+    return 8 - d % 8 if d % 8 else 8
+
+
+def _with_sink_key(
+    q: Tensor, k: Tensor, v: Tensor, sink_logit: Tensor | float, scale: float, prepend: bool
+) -> tuple[Tensor, Tensor, Tensor]:
+    """Add one key with value 0 whose logit is ``sink_logit`` for every query.
+
+    A logit of exactly 0 needs only a zero key. Otherwise the head dim grows by ``p`` columns:
+    queries get ``sink_logit[h] / scale`` in the first new column, real keys 0 there and the sink
+    key 1, so its logit is ``scale * sink_logit / scale`` for every query (exact up to one
+    rounding) while real logits are unchanged. We chose this over an additive float mask column
+    because such a mask must be materialised as ``(B, H, Tq, Tk + 1)`` floats and cannot be
+    combined with ``is_causal``, which drops SDPA's flash kernel (measured ~1.6x slower); the extra
+    column costs O(T * D). ``v`` is padded as well because the CPU flash kernel needs equal q/k/v
+    head dims (else it falls back to the math path, ~6x slower).
+
+    ``prepend`` puts the sink key first and a dummy query in front (drop output row 0 afterwards):
+    then SDPA's top-left ``is_causal`` lets query ``i`` (row ``i + 1``) see the sink and keys
+    ``0..i``, exactly our causal pattern. Otherwise the sink key goes last (use an explicit mask).
+    Returns q ``(B, H, Tq (+1), D + p)``, k/v ``(B, Hkv, Tk + 1, D + p)``.
+    """
+    b, h, tq, d = q.shape
+    hkv, dv = k.shape[1], v.shape[-1]
+    zero = not isinstance(sink_logit, Tensor) and float(sink_logit) == 0.0
+    p = 0 if zero else _sink_pad_width(max(d, dv), q.device)
+    sink_k = q.new_zeros(b, hkv, 1, d + p)
+    if p:
+        lam = torch.as_tensor(sink_logit, dtype=q.dtype, device=q.device)
+        lam = lam.view(1, -1, 1, 1) if lam.ndim == 1 else lam  # (1, H, 1, 1) or scalar
+        col = (lam / scale).expand(b, h, tq, 1)  # (B, H, Tq, 1)
+        q = torch.cat([q, col, q.new_zeros(b, h, tq, p - 1)], dim=-1)  # (B, H, Tq, D + p)
+        k = F.pad(k, (0, p))  # (B, Hkv, Tk, D + p)
+        sink_k[..., d] = 1.0
+    # equal q/k/v head dims keep the fused kernel (a no-op when dv == d and p == 0)
+    v = F.pad(v, (0, q.shape[-1] - dv))  # (B, Hkv, Tk, D + p)
+    sink_v = v.new_zeros(b, hkv, 1, v.shape[-1])
+    if prepend:
+        q = F.pad(q, (0, 0, 1, 0))  # (B, H, Tq + 1, D + p), dummy query at row 0
+        return q, torch.cat([sink_k, k], dim=2), torch.cat([sink_v, v], dim=2)
+    return q, torch.cat([k, sink_k], dim=2), torch.cat([v, sink_v], dim=2)
+
+
+def fused_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    *,
+    mask: Tensor | None = None,
+    is_causal: bool = False,
+    variant: str = "softmax",
+    sink_logit: Tensor | float | None = None,
+    scale: float | None = None,
+    gate_logits: Tensor | None = None,
+    sigmoid_bias: Tensor | float = 0.0,
+    zeta: float = 1.0,
+    gamma: float = -0.03,
+) -> Tensor:
+    """Attention output ``(B, H, Tq, D)`` through ``F.scaled_dot_product_attention``, without
+    materialising the ``Tq x Tk`` weights; same semantics as ``reference_attention``.
+
+    softmax1 and sink add one zero-value key whose logit is the sink logit (``_with_sink_key``).
+    The fastest path is ``is_causal`` with ``Tq == Tk`` and no mask; other cases pass an explicit
+    bool mask of ``(Tq, Tk)`` (``Tq < Tk``: decoding). ``clipped`` and ``sigmoid`` have no fused
+    form and fall back to ``reference_attention`` (materialised weights, O(Tq * Tk) memory).
+    """
+    _check_variant(variant)
+    if variant not in FUSED_VARIANTS:
+        out, _ = reference_attention(
+            q,
+            k,
+            v,
+            mask=mask,
+            is_causal=is_causal,
+            variant=variant,
+            sink_logit=sink_logit,
+            scale=scale,
+            gate_logits=gate_logits,
+            sigmoid_bias=sigmoid_bias,
+            zeta=zeta,
+            gamma=gamma,
+        )
+        return out
+    n_rep = _check_qkv(q, k, v)
+    tq, tk, dv = q.shape[-2], k.shape[-2], v.shape[-1]
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+    simple_causal = is_causal and mask is None and tq == tk
+    full = None if simple_causal else _combined_mask(mask, is_causal, tq, tk, q.device)
+    if variant != "softmax":
+        lam = 0.0 if variant == "softmax1" or sink_logit is None else sink_logit
+        q, k, v = _with_sink_key(q, k, v, lam, scale, prepend=simple_causal)
+        if full is not None:  # the sink key (last) is visible to every query
+            full = torch.broadcast_to(full, (*full.shape[:-2], tq, tk))
+            full = torch.cat([full, full.new_ones(*full.shape[:-1], 1)], dim=-1)  # (.., Tq, Tk+1)
+    out = F.scaled_dot_product_attention(
+        q, k, v, attn_mask=full, is_causal=simple_causal, scale=scale, enable_gqa=n_rep > 1
+    )
+    if simple_causal and variant != "softmax":
+        out = out[:, :, 1:]  # drop the dummy query row: (B, H, Tq, D + p)
+    out = out[..., :dv]  # (B, H, Tq, D)
+    if variant == "softmax" and full is not None:  # fully masked rows are zeros, as in reference
+        out = out.masked_fill(~full.any(dim=-1, keepdim=True), 0.0)
+    if gate_logits is not None:
+        out = output_gate(out, gate_logits)
+    return out
