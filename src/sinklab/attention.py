@@ -16,7 +16,6 @@ rows may sum to less than 1, SCIENCE.md §2); ``sink`` (the same slot with a lea
 gpt-oss style); ``clipped`` (Bondarenko et al. 2023); ``sigmoid`` (unnormalised, Gu et al. 2025).
 Every weight function computes in float32 (float64 stays float64), returns the scores' dtype, gives
 exact zeros on a fully masked row and stays finite for scores of +-1e4 in float32/16/bfloat16.
-
 This module knows nothing about models or files.
 """
 
@@ -30,30 +29,9 @@ from torch import Tensor
 
 from sinklab.errors import SinklabError
 
-__all__ = [
-    "VARIANTS",
-    "attention_weights",
-    "causal_mask",
-    "clipped_softmax",
-    "fused_attention",
-    "output_gate",
-    "reference_attention",
-    "repeat_kv",
-    "scaled_scores",
-    "sigmoid_attention",
-    "sink_softmax",
-    "sink_window_mask",
-    "softmax",
-    "softmax1",
-    "window_mask",
-]
-
 VARIANTS = ("softmax", "softmax1", "sink", "clipped", "sigmoid")
 # Variants that fused_attention runs through SDPA's fused kernels; the others fall back.
 FUSED_VARIANTS = ("softmax", "softmax1", "sink")
-
-
-# --------------------------------------------------------------------------- shapes and scores
 
 
 def repeat_kv(x: Tensor, n_rep: int) -> Tensor:
@@ -73,9 +51,8 @@ def repeat_kv(x: Tensor, n_rep: int) -> Tensor:
 
 def _check_qkv(q: Tensor, k: Tensor, v: Tensor | None = None) -> int:
     """Validate shapes and return ``n_rep = H // Hkv``."""
-    tensors = (q, k) if v is None else (q, k, v)
-    if any(t.ndim != 4 for t in tensors):
-        shapes = ", ".join(str(tuple(t.shape)) for t in tensors)
+    shapes = [tuple(t.shape) for t in ((q, k) if v is None else (q, k, v))]
+    if any(len(shape) != 4 for shape in shapes):
         raise SinklabError(f"q, k, v must be 4-D (B, H, T, D), got {shapes}.")
     if k.shape[-1] != q.shape[-1]:
         raise SinklabError(f"q and k head dims differ ({q.shape[-1]} vs {k.shape[-1]}).")
@@ -95,9 +72,6 @@ def scaled_scores(q: Tensor, k: Tensor, scale: float | None = None) -> Tensor:
     n_rep = _check_qkv(q, k)
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
     return (q @ repeat_kv(k, n_rep).transpose(-2, -1)) * scale  # (B, H, Tq, Tk)
-
-
-# --------------------------------------------------------------------------- masks
 
 
 def _rel_pos(tq: int, tk: int, device: torch.device | str | None) -> Tensor:
@@ -138,9 +112,6 @@ def sink_window_mask(
     return window_mask(tq, tk, window, device) | (is_sink & (rel >= 0))
 
 
-# --------------------------------------------------------------------------- weight variants
-
-
 def _work_dtype(dtype: torch.dtype) -> torch.dtype:
     """float32 for half types, float64 stays float64."""
     return torch.promote_types(dtype, torch.float32)
@@ -149,10 +120,7 @@ def _work_dtype(dtype: torch.dtype) -> torch.dtype:
 def _per_head(value: Tensor | float, scores: Tensor, name: str) -> Tensor:
     """A scalar or per-head ``(H,)`` parameter as a tensor broadcastable to ``(B, H, Tq, Tk)``."""
     dtype = _work_dtype(scores.dtype)
-    if isinstance(value, Tensor):
-        t = value.to(device=scores.device, dtype=dtype)
-    else:
-        t = torch.tensor(float(value), device=scores.device, dtype=dtype)
+    t = torch.as_tensor(value, device=scores.device).to(dtype)  # differentiable for tensors
     if t.ndim == 1:
         if scores.ndim < 3 or t.shape[0] != scores.shape[-3]:
             raise SinklabError(
@@ -275,27 +243,21 @@ def attention_weights(
     *,
     sink_logit: Tensor | float | None = None,
     sigmoid_bias: Tensor | float = 0.0,
-    zeta: float = 1.0,
-    gamma: float = -0.03,
 ) -> Tensor:
     """Dispatch to a weight variant: ``(B, H, Tq, Tk) -> (B, H, Tq, Tk)``.
 
-    ``sink_logit`` is read by ``"sink"`` only (``None`` means 0, i.e. softmax1); ``sigmoid_bias``
-    by ``"sigmoid"`` only; ``zeta``/``gamma`` by ``"clipped"`` only. Other variants ignore them.
+    ``sink_logit`` is read by ``"sink"`` only (``None`` means 0, i.e. softmax1), ``sigmoid_bias``
+    by ``"sigmoid"`` only; other variants ignore them. ``"clipped"`` uses the default zeta/gamma
+    (call ``clipped_softmax`` for others).
     """
     _check_variant(variant)
-    if variant == "softmax":
-        return softmax(scores, mask)
-    if variant == "softmax1":
-        return softmax1(scores, mask)
     if variant == "sink":
         return sink_softmax(scores, mask, 0.0 if sink_logit is None else sink_logit)
-    if variant == "clipped":
-        return clipped_softmax(scores, mask, zeta=zeta, gamma=gamma)
-    return sigmoid_attention(scores, mask, sigmoid_bias)
-
-
-# --------------------------------------------------------------------------- full attention
+    if variant == "sigmoid":
+        return sigmoid_attention(scores, mask, sigmoid_bias)
+    return {"softmax": softmax, "softmax1": softmax1, "clipped": clipped_softmax}[variant](
+        scores, mask
+    )
 
 
 def _combined_mask(
@@ -321,8 +283,6 @@ def reference_attention(
     scale: float | None = None,
     gate_logits: Tensor | None = None,
     sigmoid_bias: Tensor | float = 0.0,
-    zeta: float = 1.0,
-    gamma: float = -0.03,
 ) -> tuple[Tensor, Tensor]:
     """Materialised attention: returns ``(out (B, H, Tq, D), weights (B, H, Tq, Tk))``.
 
@@ -336,13 +296,7 @@ def reference_attention(
     scores = scaled_scores(q, k, scale)  # (B, H, Tq, Tk)
     full = _combined_mask(mask, is_causal, q.shape[-2], k.shape[-2], q.device)
     weights = attention_weights(
-        variant,
-        scores,
-        full,
-        sink_logit=sink_logit,
-        sigmoid_bias=sigmoid_bias,
-        zeta=zeta,
-        gamma=gamma,
+        variant, scores, full, sink_logit=sink_logit, sigmoid_bias=sigmoid_bias
     )
     out = weights @ v  # (B, H, Tq, D)
     if gate_logits is not None:
@@ -361,20 +315,16 @@ def _sink_pad_width(d: int, device: torch.device) -> int:
 def _with_sink_key(
     q: Tensor, k: Tensor, v: Tensor, sink_logit: Tensor | float, scale: float, prepend: bool
 ) -> tuple[Tensor, Tensor, Tensor]:
-    """Add one key with value 0 whose logit is ``sink_logit`` for every query.
+    """Add one key with value 0 whose logit is ``sink_logit`` (per query head) for every query.
 
-    A logit of exactly 0 needs only a zero key. Otherwise the head dim grows by ``p`` columns:
-    queries get ``sink_logit[h] / scale`` in the first new column, real keys 0 there and the sink
-    key 1, so its logit is ``scale * sink_logit / scale`` for every query (exact up to one
-    rounding) while real logits are unchanged. We chose this over an additive float mask column
-    because such a mask must be materialised as ``(B, H, Tq, Tk + 1)`` floats and cannot be
-    combined with ``is_causal``, which drops SDPA's flash kernel (measured ~1.6x slower); the extra
-    column costs O(T * D). ``v`` is padded as well because the CPU flash kernel needs equal q/k/v
-    head dims (else it falls back to the math path, ~6x slower).
-
-    ``prepend`` puts the sink key first and a dummy query in front (drop output row 0 afterwards):
-    then SDPA's top-left ``is_causal`` lets query ``i`` (row ``i + 1``) see the sink and keys
-    ``0..i``, exactly our causal pattern. Otherwise the sink key goes last (use an explicit mask).
+    Logit 0 needs only a zero key. Otherwise ``p`` head dims are added: queries carry
+    ``sink_logit[h] / scale`` in the first, real keys 0 and the sink key 1, so the sink logit is
+    exact up to one rounding and real logits are unchanged, at O(T * D) cost. An additive float
+    mask column would be q-independent too, but must be materialised as ``(B, H, Tq, Tk + 1)``
+    and excludes ``is_causal``, which loses SDPA's fastest kernel (an explicit causal mask was
+    1.6x slower at T=2048 on CPU). ``v`` is padded too: the CPU flash kernel needs equal head dims.
+    ``prepend``: sink key first plus a dummy query row 0 (drop it afterwards), so SDPA's top-left
+    ``is_causal`` lets query ``i`` see the sink and keys ``0..i``; else the sink key goes last.
     Returns q ``(B, H, Tq (+1), D + p)``, k/v ``(B, Hkv, Tk + 1, D + p)``.
     """
     b, h, tq, d = q.shape
@@ -410,8 +360,6 @@ def fused_attention(
     scale: float | None = None,
     gate_logits: Tensor | None = None,
     sigmoid_bias: Tensor | float = 0.0,
-    zeta: float = 1.0,
-    gamma: float = -0.03,
 ) -> Tensor:
     """Attention output ``(B, H, Tq, D)`` through ``F.scaled_dot_product_attention``, without
     materialising the ``Tq x Tk`` weights; same semantics as ``reference_attention``.
@@ -422,22 +370,9 @@ def fused_attention(
     form and fall back to ``reference_attention`` (materialised weights, O(Tq * Tk) memory).
     """
     _check_variant(variant)
-    if variant not in FUSED_VARIANTS:
-        out, _ = reference_attention(
-            q,
-            k,
-            v,
-            mask=mask,
-            is_causal=is_causal,
-            variant=variant,
-            sink_logit=sink_logit,
-            scale=scale,
-            gate_logits=gate_logits,
-            sigmoid_bias=sigmoid_bias,
-            zeta=zeta,
-            gamma=gamma,
-        )
-        return out
+    if variant not in FUSED_VARIANTS:  # no fused form: materialise the weights
+        kw = {"mask": mask, "is_causal": is_causal, "scale": scale, "gate_logits": gate_logits}
+        return reference_attention(q, k, v, variant=variant, sigmoid_bias=sigmoid_bias, **kw)[0]
     n_rep = _check_qkv(q, k, v)
     tq, tk, dv = q.shape[-2], k.shape[-2], v.shape[-1]
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
