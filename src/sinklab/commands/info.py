@@ -1,0 +1,50 @@
+"""``sinklab info``: the model's architecture facts and the text's size in tokens."""
+
+from __future__ import annotations
+
+import typer
+from rich.table import Table
+
+from sinklab.commands.common import (
+    FormatOpt,
+    ModelOpt,
+    OutputFormat,
+    TextOpt,
+    TrustOpt,
+    emit_json,
+    stderr,
+)
+from sinklab.corpus import count_tokens, load_text
+from sinklab.models import load_model
+
+
+def info(
+    model: ModelOpt = None,
+    text: TextOpt = None,
+    fmt: FormatOpt = OutputFormat.text,
+    trust_remote_code: TrustOpt = False,
+) -> None:
+    """Show the model's architecture facts and the text's size in tokens.
+
+    Example: sinklab info --model ./my-llama --text notes.txt --format json
+    """
+    with stderr.status("loading model and text"):
+        txt = load_text(text)  # cheap checks first: a bad path fails before the model loads
+        loaded = load_model(model, trust_remote_code=trust_remote_code)
+        n_tokens = count_tokens(txt, loaded.tokenizer)
+    data = {"model": loaded.info.to_json(), "text": {**txt.to_json(), "tokens": n_tokens}}
+    if fmt is OutputFormat.json:
+        emit_json(data)
+        return
+    table = Table(title=f"sinklab info: {loaded.info.name}", show_header=False)
+    for key, value in data["model"].items():
+        table.add_row(key, str(value))
+    for key, value in data["text"].items():
+        table.add_row(f"text.{key}", str(value))
+    from rich.console import Console
+
+    Console().print(table)
+
+
+def register(app: typer.Typer) -> None:
+    app.command("info")(info)

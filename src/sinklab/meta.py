@@ -1,0 +1,82 @@
+"""The ``meta`` block every result carries: model, text, parameters, versions, wall time."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import tempfile
+from dataclasses import asdict, is_dataclass
+from pathlib import Path
+from typing import Any
+
+from sinklab.corpus import Text
+from sinklab.models import ModelInfo
+
+
+def versions() -> dict[str, str]:
+    import numpy
+    import torch
+    import transformers
+
+    import sinklab
+
+    return {
+        "sinklab": sinklab.__version__,
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "numpy": numpy.__version__,
+        "python": platform.python_version(),
+    }
+
+
+def build_meta(
+    *,
+    model: ModelInfo | None = None,
+    text: Text | None = None,
+    n_tokens: int | None = None,
+    params: Any = None,
+    seconds: float | None = None,
+    **extra: Any,
+) -> dict[str, Any]:
+    """Assemble ``meta``: model (id/path + weights hash), text (name, sha256), every parameter."""
+    meta: dict[str, Any] = {}
+    if model is not None:
+        meta["model"] = model.to_json()
+    if text is not None:
+        meta["text"] = text.to_json()
+    if n_tokens is not None:
+        meta["n_tokens"] = int(n_tokens)
+    if params is not None:
+        meta["params"] = asdict(params) if is_dataclass(params) else dict(params)
+    meta["versions"] = versions()
+    meta["machine"] = {"nproc": os.cpu_count(), "platform": platform.platform()}
+    if seconds is not None:
+        meta["seconds"] = round(float(seconds), 3)
+    meta.update(extra)
+    return meta
+
+
+def write_json_atomic(path: Path, data: Any) -> Path:
+    """Write JSON via a temporary file and rename, so a crash never leaves half a file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            json.dump(data, f, indent=1, allow_nan=True, default=_default)
+            f.write("\n")
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
+
+def _default(obj: Any) -> Any:
+    if hasattr(obj, "tolist"):
+        return obj.tolist()
+    if is_dataclass(obj):
+        return asdict(obj)
+    if isinstance(obj, Path):
+        return str(obj)
+    raise TypeError(f"cannot serialize {type(obj).__name__}")

