@@ -51,8 +51,13 @@ def tiny_config(family: str, *, vocab_size: int = TINY_VOCAB, n_layers: int = 2,
         cfg = GemmaConfig(**common, head_dim=8)
     elif family == "gpt2":
         cfg = GPT2Config(
-            vocab_size=vocab_size, n_embd=32, n_layer=n_layers, n_head=4, n_positions=512,
-            bos_token_id=1, eos_token_id=2,
+            vocab_size=vocab_size,
+            n_embd=32,
+            n_layer=n_layers,
+            n_head=4,
+            n_positions=512,
+            bos_token_id=1,
+            eos_token_id=2,
         )
     else:
         raise ValueError(family)
@@ -92,7 +97,10 @@ def tiny_tokenizer():
     )
     tok.train_from_iterator(text.splitlines(), trainer)
     return PreTrainedTokenizerFast(
-        tokenizer_object=tok, bos_token="<s>", eos_token="</s>", unk_token="<unk>",
+        tokenizer_object=tok,
+        bos_token="<s>",
+        eos_token="</s>",
+        unk_token="<unk>",
         pad_token="<pad>",
     )
 

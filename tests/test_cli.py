@@ -9,7 +9,9 @@ import pytest
 def run_cli(*args: str, timeout: int = 300) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, "-m", "sinklab.cli", *args],
-        capture_output=True, text=True, timeout=timeout,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
     )
 
 
@@ -26,8 +28,15 @@ def test_help_lists_examples():
 
 
 def test_info_json_on_tiny_model(tiny_model_dir):
-    proc = run_cli("info", "--model", str(tiny_model_dir("llama")),
-                   "--text", "shakespeare:hamlet", "--format", "json")
+    proc = run_cli(
+        "info",
+        "--model",
+        str(tiny_model_dir("llama")),
+        "--text",
+        "shakespeare:hamlet",
+        "--format",
+        "json",
+    )
     assert proc.returncode == 0, proc.stderr
     data = json.loads(proc.stdout)
     assert data["model"]["n_layers"] == 2 and data["text"]["tokens"] > 10_000
@@ -35,8 +44,10 @@ def test_info_json_on_tiny_model(tiny_model_dir):
 
 @pytest.mark.parametrize(
     ("args", "needle"),
-    [(["--text", "/no/such/file.txt"], "does not exist"),
-     (["--model", "/no/such/model"], "no model folder")],
+    [
+        (["--text", "/no/such/file.txt"], "does not exist"),
+        (["--model", "/no/such/model"], "no model folder"),
+    ],
 )
 def test_bad_inputs_exit_2_with_one_line(args, needle):
     assert_one_line_error(run_cli("info", *args), needle)
@@ -54,7 +65,14 @@ def test_bad_text_files_exit_2(tmp_path: Path, tiny_model_dir):
 def test_not_causal_lm_exit_2(tmp_path: Path, tiny_tokenizer):
     from transformers import BertConfig, BertModel
 
-    BertModel(BertConfig(vocab_size=64, hidden_size=16, num_hidden_layers=1,
-                         num_attention_heads=2, intermediate_size=32)).save_pretrained(tmp_path)
+    BertModel(
+        BertConfig(
+            vocab_size=64,
+            hidden_size=16,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            intermediate_size=32,
+        )
+    ).save_pretrained(tmp_path)
     tiny_tokenizer.save_pretrained(tmp_path)
     assert_one_line_error(run_cli("info", "--model", str(tmp_path)), "not a causal language model")

@@ -31,16 +31,23 @@ def test_strip_licence_removes_gutenberg_header_and_footer():
 
 
 def test_one_play_by_name():
-    assert load_text("shakespeare:hamlet").text.lstrip().upper().startswith("THE TRAGEDY OF HAMLET") or \
-        "HAMLET" in load_text("shakespeare:hamlet").text[:200].upper()
+    assert (
+        load_text("shakespeare:hamlet").text.lstrip().upper().startswith("THE TRAGEDY OF HAMLET")
+        or "HAMLET" in load_text("shakespeare:hamlet").text[:200].upper()
+    )
     with pytest.raises(SinklabError, match="no embedded play"):
         load_text("shakespeare:nonesuch")
 
 
 @pytest.mark.parametrize(
     ("content", "message"),
-    [(None, "does not exist"), (b"", "is empty"), (b"  \n\t", "is empty"),
-     (b"\xff\xfe\xfa bad", "not UTF-8"), (b"PK\x03\x04\x00\x00binary", "binary")],
+    [
+        (None, "does not exist"),
+        (b"", "is empty"),
+        (b"  \n\t", "is empty"),
+        (b"\xff\xfe\xfa bad", "not UTF-8"),
+        (b"PK\x03\x04\x00\x00binary", "binary"),
+    ],
 )
 def test_bad_text_files_give_one_clear_error(tmp_path: Path, content, message):
     path = tmp_path / "t.txt"

@@ -52,8 +52,12 @@ class Text:
         return hashlib.sha256(self.text.encode("utf-8")).hexdigest()
 
     def to_json(self) -> dict[str, Any]:
-        return {"name": self.name, "source": self.source, "sha256": self.sha256,
-                "chars": len(self.text)}
+        return {
+            "name": self.name,
+            "source": self.source,
+            "sha256": self.sha256,
+            "chars": len(self.text),
+        }
 
 
 def _texts_dir() -> Path:
@@ -69,7 +73,7 @@ def _texts_dir() -> Path:
 def strip_licence(text: str) -> str:
     """Drop a Project Gutenberg header/footer if present (the text between START and END)."""
     if m := _START.search(text):
-        text = text[m.end():]
+        text = text[m.end() :]
     if m := _END.search(text):
         text = text[: m.start()]
     return text.strip() + "\n"
@@ -92,8 +96,11 @@ def documents(spec: str | None = None) -> list[Text]:
     if spec not in (None, DEFAULT_TEXT):
         return [load_text(spec)]
     return [
-        Text(f"{DEFAULT_TEXT}:{f.name.removesuffix('_gut.txt')}",
-             strip_licence(f.read_text(encoding="utf-8")), str(f))
+        Text(
+            f"{DEFAULT_TEXT}:{f.name.removesuffix('_gut.txt')}",
+            strip_licence(f.read_text(encoding="utf-8")),
+            str(f),
+        )
         for f in play_files()
     ]
 
@@ -129,9 +136,7 @@ def load_text(spec: str | None = None) -> Text:
         play = spec.split(":", 1)[1]
         names = play_names()
         if play not in names:
-            raise SinklabError(
-                f"no embedded play {play!r}; choose one of: {', '.join(names)}"
-            )
+            raise SinklabError(f"no embedded play {play!r}; choose one of: {', '.join(names)}")
         f = play_files()[names.index(play)]
         return Text(spec, strip_licence(f.read_text(encoding="utf-8")), str(f))
     path = Path(spec).expanduser()
@@ -143,7 +148,9 @@ def resolve_token(tokenizer: Any, token: str | int) -> int:
     if isinstance(token, int) or (isinstance(token, str) and token.isdigit()):
         tid = int(token)
         if not 0 <= tid < len(tokenizer):
-            raise SinklabError(f"token id {tid} is outside the vocabulary (0..{len(tokenizer) - 1})")
+            raise SinklabError(
+                f"token id {tid} is outside the vocabulary (0..{len(tokenizer) - 1})"
+            )
         return tid
     if token.lower() in ("bos", "eos"):
         tid = getattr(tokenizer, f"{token.lower()}_token_id", None)

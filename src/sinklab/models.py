@@ -114,7 +114,9 @@ def position_scheme(config: Any) -> str:
 
 
 def describe(model: Any, name: str, source: str, weights_sha256: str | None) -> ModelInfo:
-    cfg = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+    cfg = (
+        model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+    )
     n_heads = int(cfg.num_attention_heads)
     hidden = int(cfg.hidden_size)
     head_dim = int(getattr(cfg, "head_dim", None) or hidden // n_heads)

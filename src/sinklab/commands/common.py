@@ -32,7 +32,8 @@ class OutputFormat(str, Enum):
 ModelOpt = Annotated[
     str | None,
     typer.Option(
-        "--model", "-m",
+        "--model",
+        "-m",
         help="Model: 'smollm2-135m' (embedded default), a local folder, or a Hugging Face id "
         "already in the local cache.",
         show_default="smollm2-135m",
@@ -41,7 +42,8 @@ ModelOpt = Annotated[
 TextOpt = Annotated[
     str | None,
     typer.Option(
-        "--text", "-t",
+        "--text",
+        "-t",
         help="Text: 'shakespeare' (embedded plays, default), 'shakespeare:hamlet', or a UTF-8 file.",
         show_default="shakespeare",
     ),
@@ -52,7 +54,9 @@ FormatOpt = Annotated[
 OutDirOpt = Annotated[Path, typer.Option("--out", "-o", help="Folder for JSON and figures.")]
 TrustOpt = Annotated[
     bool,
-    typer.Option("--trust-remote-code", help="Allow a model's own Python code (only if you trust it)."),
+    typer.Option(
+        "--trust-remote-code", help="Allow a model's own Python code (only if you trust it)."
+    ),
 ]
 SeedOpt = Annotated[int, typer.Option("--seed", help="Random seed.")]
 
@@ -74,9 +78,7 @@ def parse_int_list(value: str | None, name: str) -> list[int] | None:
     try:
         return [int(p) for p in parts]
     except ValueError:
-        raise SinklabError(
-            f"{name} must be comma-separated integers, got {value!r}"
-        ) from None
+        raise SinklabError(f"{name} must be comma-separated integers, got {value!r}") from None
 
 
 @contextmanager
