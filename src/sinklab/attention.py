@@ -390,7 +390,7 @@ def fused_attention(
     if simple_causal and variant != "softmax":
         out = out[:, :, 1:]  # drop the dummy query row: (B, H, Tq, D + p)
     out = out[..., :dv]  # (B, H, Tq, D)
-    if variant == "softmax" and full is not None:  # fully masked rows are zeros, as in reference
+    if variant == "softmax" and full is not None:  # fully masked rows: zeros, not NaN, any backend
         out = out.masked_fill(~full.any(dim=-1, keepdim=True), 0.0)
     if gate_logits is not None:
         out = output_gate(out, gate_logits)
