@@ -26,15 +26,15 @@ def test_embedded_corpus_is_the_plays_in_alphabetical_order():
 
 
 def test_strip_licence_removes_gutenberg_header_and_footer():
-    raw = "header\n*** START OF THIS PROJECT GUTENBERG EBOOK X ***\nbody\n*** END OF THIS PROJECT GUTENBERG EBOOK X ***\nlicence"
+    raw = (
+        "header\n*** START OF THIS PROJECT GUTENBERG EBOOK X ***\nbody\n"
+        "*** END OF THIS PROJECT GUTENBERG EBOOK X ***\nlicence"
+    )
     assert strip_licence(raw) == "body\n"
 
 
 def test_one_play_by_name():
-    assert (
-        load_text("shakespeare:hamlet").text.lstrip().upper().startswith("THE TRAGEDY OF HAMLET")
-        or "HAMLET" in load_text("shakespeare:hamlet").text[:200].upper()
-    )
+    assert load_text("shakespeare:hamlet").text.startswith("HAMLET, PRINCE OF DENMARK")
     with pytest.raises(SinklabError, match="no embedded play"):
         load_text("shakespeare:nonesuch")
 

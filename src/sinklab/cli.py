@@ -17,7 +17,8 @@ from sinklab.errors import SinklabError
 app = typer.Typer(
     name="sinklab",
     help=(
-        "Make attention sinks in transformer LMs visible, measurable, exploitable and removable.\n\n"
+        "Make attention sinks in transformer LMs visible, measurable, exploitable and "
+        "removable.\n\n"
         "Examples:\n\n"
         "  sinklab info                                  # the embedded SmolLM2 and corpus\n\n"
         "  sinklab probe --tokens 1024 --q0 16           # sink mass per layer and head\n\n"

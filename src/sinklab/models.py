@@ -168,7 +168,8 @@ def _load_folder(folder: str, *, dtype: torch.dtype, trust_remote_code: bool, lo
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         if "trust_remote_code" in str(exc):
             raise SinklabError(
-                f"model {folder!r} needs custom code; rerun with --trust-remote-code if you trust it"
+                f"model {folder!r} needs custom code; "
+                "rerun with --trust-remote-code if you trust it"
             ) from exc
         raise SinklabError(f"cannot read a model config from {folder!r}: {first}") from exc
     _check_causal_lm(config, folder)

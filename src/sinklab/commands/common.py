@@ -6,7 +6,7 @@ import json
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
-from enum import Enum
+from enum import StrEnum
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -24,7 +24,7 @@ from rich.progress import (
 from sinklab.errors import SinklabError
 
 
-class OutputFormat(str, Enum):
+class OutputFormat(StrEnum):
     text = "text"
     json = "json"
 
@@ -44,7 +44,8 @@ TextOpt = Annotated[
     typer.Option(
         "--text",
         "-t",
-        help="Text: 'shakespeare' (embedded plays, default), 'shakespeare:hamlet', or a UTF-8 file.",
+        help="Text: 'shakespeare' (embedded plays, default), 'shakespeare:hamlet', "
+        "or a UTF-8 file.",
         show_default="shakespeare",
     ),
 ]
