@@ -44,6 +44,9 @@ def _register_commands() -> None:
     for module in (info,):
         module.register(app)
     # --- command registrations below (one import + register per command) ---
+    from sinklab.commands import report
+
+    report.register(app)
 
 
 _register_commands()

@@ -1,0 +1,106 @@
+"""``sinklab report``: probe, stream and ablate on one model, written up as one HTML page."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.progress import (
+    BarColumn,
+    Progress,
+    SpinnerColumn,
+    TaskProgressColumn,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
+
+from sinklab.commands.common import ModelOpt, TextOpt, TrustOpt, stderr
+from sinklab.corpus import DEFAULT_TEXT, load_text
+from sinklab.models import DEFAULT_MODEL, load_model
+
+DEFAULT_OUT = Path("sinklab-report")
+
+
+def report(
+    model: ModelOpt = None,
+    text: TextOpt = None,
+    out: Annotated[
+        Path, typer.Option("--out", "-o", help="Report folder (index.html + results.json).")
+    ] = DEFAULT_OUT,
+    quick: Annotated[
+        bool,
+        typer.Option("--quick", help="Smaller sizes: about 3 minutes on SmolLM2 with 2 cores."),
+    ] = False,
+    stages: Annotated[
+        str | None,
+        typer.Option(
+            "--stages",
+            help="Comma-separated subset of stages to run (default: all). "
+            "See the page's section ids, e.g. probe,stream,first-token.",
+        ),
+    ] = None,
+    trust_remote_code: TrustOpt = False,
+) -> None:
+    """Run the probe, streaming perplexity and ablations, and write one self-contained page.
+
+    Writes OUT/index.html (figures embedded, no network) and OUT/results.json. The report is
+    built in a temporary folder and moved into place at the end: an interrupted run (Ctrl-C)
+    leaves the previous report untouched. A stage that fails shows its error; the others run.
+
+    Example: sinklab report --quick --out my-report
+    """
+    from sinklab.report import ReportConfig, build_report, check_out_dir, select_stages
+
+    chosen = select_stages(stages.split(",") if stages is not None else None)
+    config = ReportConfig.preset(quick)
+    out = out.expanduser().resolve()
+    check_out_dir(out)  # cheap checks first: a bad folder fails before the model loads
+    try:
+        with stderr.status("loading model and text"):
+            txt = load_text(text)
+            loaded = load_model(model, trust_remote_code=trust_remote_code)
+        columns = (
+            SpinnerColumn(),
+            TextColumn("[bold]{task.description}"),
+            BarColumn(),
+            TaskProgressColumn(),
+            TimeElapsedColumn(),
+            TextColumn("ETA"),
+            TimeRemainingColumn(),
+        )
+        with Progress(*columns, console=stderr, transient=False) as prog:
+            task = prog.add_task("starting", total=1.0)
+
+            def update(done: float, total: float, label: str) -> None:
+                prog.update(task, completed=done, total=total, description=label)
+
+            result = build_report(
+                loaded,
+                txt,
+                out=out,
+                stages=chosen,
+                config=config,
+                model_spec=model or DEFAULT_MODEL,
+                text_spec=text or DEFAULT_TEXT,
+                callback=update,
+            )
+    except KeyboardInterrupt:
+        kept = "the previous report is intact" if (out / "index.html").exists() else "no report"
+        stderr.print(f"sinklab: interrupted; nothing was written ({kept} at {out})")
+        raise typer.Exit(130) from None
+    for sentence in result.data["summary"]:
+        stderr.print(f"  • {sentence}", highlight=False, soft_wrap=True)
+    failed = [r for r in result.results if r.status != "ok"]
+    for r in failed:
+        stderr.print(f"[red]stage {r.name} failed:[/red] {r.error}", highlight=False)
+    stderr.print(
+        f"report written in {result.seconds:.0f} s "
+        f"({len(result.results) - len(failed)}/{len(result.results)} stages ok)"
+    )
+    print(result.index)  # stdout: the page's path, for scripts and `make demo`
+
+
+def register(app: typer.Typer) -> None:
+    app.command("report")(report)

@@ -1,0 +1,192 @@
+"""Run every stage on one loaded model and write ``DIR/index.html`` + ``DIR/results.json``.
+
+The report is assembled in a temporary folder beside ``DIR`` (same file system) and only moved
+into place once complete, so an interrupted or crashed run never leaves a half-written report over
+a good one: the previous report stays until the new one replaces it (two renames; the old one is
+deleted last). A stage that raises becomes a failed section with its error; the others still run.
+``KeyboardInterrupt`` removes the temporary folder and propagates.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from sinklab.corpus import Text
+from sinklab.errors import SinklabError
+from sinklab.meta import build_meta, versions, write_json_atomic
+from sinklab.models import LoadedModel
+from sinklab.report.html import render_page
+from sinklab.report.stages import ReportConfig, Stage, StageContext, StageResult, run_stage
+from sinklab.report.summary import headline
+
+# (estimated seconds done, estimated seconds in all, "stage i/n: name - note")
+ReportCallback = Callable[[float, float, str], None]
+MARKER = "results.json"  # a folder holding this is a sinklab report we may replace
+
+
+@dataclass
+class Report:
+    """A finished report: where it is, each stage's result and what ``results.json`` holds."""
+
+    out: Path
+    results: list[StageResult]
+    data: dict[str, Any]
+    seconds: float
+
+    @property
+    def index(self) -> Path:
+        return self.out / "index.html"
+
+
+def check_out_dir(out: Path) -> None:
+    """Refuse to replace a folder that is not a previous sinklab report (user data is sacred)."""
+    if out.exists() and not out.is_dir():
+        raise SinklabError(f"--out {str(out)!r} is a file; pass a folder for the report")
+    if out.is_dir() and any(out.iterdir()) and not (out / MARKER).is_file():
+        raise SinklabError(
+            f"--out {str(out)!r} exists and is not a sinklab report (no {MARKER}); "
+            "pass a new or empty folder so nothing of yours is replaced"
+        )
+
+
+def _swap_into_place(tmp: Path, out: Path) -> None:
+    """Move the finished ``tmp`` folder to ``out``, replacing a previous report last."""
+    old = None
+    if out.exists():
+        old = out.parent / f".{out.name}.old-{os.getpid()}"
+        out.rename(old)
+    try:
+        tmp.rename(out)
+    except BaseException:
+        if old is not None and not out.exists():
+            old.rename(out)  # put the previous report back
+        raise
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def _footer(loaded: LoadedModel, text: Text, n_results: int, seconds: float) -> dict[str, str]:
+    v = versions()
+    info = loaded.info
+    return {
+        "model": f"{info.name} ({info.model_type}, {info.n_layers} layers x {info.n_heads} heads, "
+        f"{info.n_params / 1e6:.1f}M params, {info.dtype})",
+        "weights sha256": (info.weights_sha256 or "n/a")[:16],
+        "text": f"{text.name} (sha256 {text.sha256[:16]})",
+        "versions": ", ".join(f"{k} {val}" for k, val in v.items()),
+        "run time": f"{seconds:.1f} s for {n_results} stages",
+        "written": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
+    }
+
+
+def build_report(
+    loaded: LoadedModel,
+    text: Text,
+    *,
+    out: Path,
+    stages: Sequence[Stage],
+    config: ReportConfig,
+    model_spec: str,
+    text_spec: str,
+    callback: ReportCallback | None = None,
+) -> Report:
+    """Run ``stages`` in order on ``loaded`` and write the report to ``out`` (atomically)."""
+    out = Path(out).expanduser().resolve()
+    check_out_dir(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+    try:
+        report = _build_in(tmp, loaded, text, stages, config, model_spec, text_spec, callback, out)
+        _swap_into_place(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    report.out = out
+    return report
+
+
+def _build_in(
+    tmp: Path,
+    loaded: LoadedModel,
+    text: Text,
+    stages: Sequence[Stage],
+    config: ReportConfig,
+    model_spec: str,
+    text_spec: str,
+    callback: ReportCallback | None,
+    final_out: Path,
+) -> Report:
+    start = time.perf_counter()
+    costs = [max(0.1, float(s.cost(config))) for s in stages]
+    total = sum(costs)
+    shared: dict[str, Any] = {}
+    results: list[StageResult] = []
+    done = 0.0
+    for i, (stage, cost) in enumerate(zip(stages, costs, strict=True)):
+        label = f"stage {i + 1}/{len(stages)}: {stage.name}"
+
+        def progress(fraction: float, note: str = "", _base=done, _cost=cost, _label=label) -> None:
+            if callback is not None:
+                frac = min(1.0, max(0.0, float(fraction)))
+                callback(_base + frac * _cost, total, f"{_label} {note}".rstrip())
+
+        progress(0.0)
+        figures = tmp / "figures" / stage.name
+        figures.mkdir(parents=True, exist_ok=True)
+        ctx = StageContext(
+            loaded=loaded,
+            text=text,
+            text_spec=text_spec,
+            model_spec=model_spec,
+            config=config,
+            figures_dir=figures,
+            progress=progress,
+            shared=shared,
+        )
+        ctx.shared["out"] = final_out
+        results.append(run_stage(stage, ctx))
+        done += cost
+        progress(1.0, results[-1].status)
+    seconds = time.perf_counter() - start
+    summary = headline(results, config)
+    data = {
+        "meta": build_meta(
+            model=loaded.info,
+            text=text,
+            params=config,
+            seconds=seconds,
+            report={"quick": config.quick, "stages": [s.name for s in stages]},
+        ),
+        "summary": summary,
+        "stages": {r.name: r.to_json(tmp) for r in results},
+    }
+    write_json_atomic(tmp / "results.json", data)
+    n_ok = sum(r.status == "ok" for r in results)
+    title = f"sinklab report: {loaded.info.name}"
+    subtitle = (
+        f"Attention sinks in {loaded.info.name} on {text.name}"
+        f"{' (quick sizes)' if config.quick else ''}: {n_ok} of {len(results)} stages ran."
+    )
+    page = render_page(
+        title=title,
+        subtitle=subtitle,
+        summary=summary,
+        results=results,
+        footer=_footer(loaded, text, len(results), seconds),
+    )
+    (tmp / "index.html").write_text(page, encoding="utf-8")
+    return Report(out=tmp, results=results, data=data, seconds=seconds)
+
+
+def text_digest(text: Text) -> str:
+    """A short, stable id of the text (for file names and the footer)."""
+    return hashlib.sha256(text.text.encode("utf-8")).hexdigest()[:16]

@@ -1,0 +1,97 @@
+"""Plain figures drawn from numbers a stage already returned (used when its library draws none).
+
+Each function takes data and a path, writes a PNG plus the plotted numbers beside it
+(``NAME.json``), and returns the path. Nothing is computed here beyond what is plotted.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+
+DPI = 110
+
+
+def _save(fig: Any, path: Path, data: Any) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.tight_layout()
+    fig.savefig(path, dpi=DPI)
+    plt.close(fig)
+    path.with_suffix(".json").write_text(json.dumps(data, default=float))
+    return path
+
+
+def heatmap(
+    matrix: Sequence[Sequence[float]],
+    path: Path,
+    *,
+    title: str,
+    xlabel: str = "head",
+    ylabel: str = "layer",
+    cbar: str = "",
+    vmin: float | None = 0.0,
+    vmax: float | None = 1.0,
+) -> Path:
+    """A layer x head (rows x columns) heatmap, layer 0 at the top."""
+    rows, cols = len(matrix), len(matrix[0]) if matrix else 0
+    fig, ax = plt.subplots(figsize=(min(9.0, 2.5 + 0.45 * cols), min(8.0, 1.8 + 0.22 * rows)))
+    im = ax.imshow(matrix, aspect="auto", cmap="magma", vmin=vmin, vmax=vmax)
+    ax.set(title=title, xlabel=xlabel, ylabel=ylabel)
+    fig.colorbar(im, ax=ax, label=cbar)
+    return _save(fig, path, {"matrix": matrix})
+
+
+def curves(
+    x: Sequence[float],
+    series: Mapping[str, Sequence[float]],
+    path: Path,
+    *,
+    title: str,
+    xlabel: str,
+    ylabel: str,
+    logy: bool = False,
+    hline: float | None = None,
+) -> Path:
+    """One line per series over a shared x axis (series may be shorter than x)."""
+    fig, ax = plt.subplots(figsize=(6.4, 3.8))
+    for name, ys in series.items():
+        xs = list(x)[: len(ys)]
+        ax.plot(xs, ys, marker="o" if len(xs) <= 40 else None, ms=3, label=name)
+    if hline is not None:
+        ax.axhline(hline, color="0.6", lw=0.8, ls="--")
+    if logy:
+        ax.set_yscale("log")
+    ax.set(title=title, xlabel=xlabel, ylabel=ylabel)
+    ax.grid(alpha=0.3)
+    if len(series) > 1:
+        ax.legend(fontsize=8)
+    return _save(fig, path, {"x": list(x), "series": {k: list(v) for k, v in series.items()}})
+
+
+def bars(
+    labels: Sequence[str],
+    values: Sequence[float],
+    path: Path,
+    *,
+    title: str,
+    ylabel: str,
+    logy: bool = False,
+) -> Path:
+    """One bar per condition, the value printed above it."""
+    fig, ax = plt.subplots(figsize=(6.4, 3.6))
+    ax.bar(range(len(values)), values, color="#2952a3")
+    ax.set_xticks(range(len(values)), labels, rotation=20, ha="right", fontsize=8)
+    for i, v in enumerate(values):
+        ax.annotate(f"{v:.3g}", (i, v), ha="center", va="bottom", fontsize=8)
+    if logy:
+        ax.set_yscale("log")
+    ax.set(title=title, ylabel=ylabel)
+    ax.grid(axis="y", alpha=0.3)
+    return _save(fig, path, {"labels": list(labels), "values": list(values)})

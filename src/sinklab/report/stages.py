@@ -1,0 +1,272 @@
+"""The stage abstraction: one named step of the report that calls a library and collects its output.
+
+A :class:`Stage` knows its name, a title and a paragraph for the page, how expensive it is (for the
+ETA), its parameters, the exact ``sinklab ...`` command that reproduces it, and a callable
+``run(ctx) -> StageOutput``. :func:`run_stage` times it and turns any exception into a *failed*
+:class:`StageResult` carrying the error, so one broken stage never stops the others. Stages never
+compute metrics themselves: they call ``sinklab.probe``, ``sinklab.streaming`` and
+``sinklab.ablate`` and keep the JSON those return (plus figures and a few table rows that point
+back into that JSON).
+
+Shape glossary for tables: a :class:`Cell` shows one value; ``path`` is where the value lives in
+the stage's JSON (a tuple of keys / list indices) and ``agg`` how the shown value is derived from
+the list found there (``None``: shown as is). The page writes both into ``data-`` attributes so a
+test (or a reader) can check every printed number against ``results.json``.
+"""
+
+from __future__ import annotations
+
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from sinklab.corpus import Text, token_stream
+from sinklab.errors import SinklabError
+from sinklab.models import LoadedModel
+
+Progress = Callable[[float, str], None]  # (fraction of this stage done in [0, 1], short note)
+JsonPath = tuple[str | int, ...]
+AGGREGATES = ("mean", "max", "argmax")
+
+
+@dataclass(frozen=True)
+class ReportConfig:
+    """Sizes of every stage. :meth:`preset` gives the two sizes the CLI offers."""
+
+    quick: bool = False
+    probe_tokens: int = 1024  # the probe's main length
+    probe_lengths: tuple[int, ...] = (128, 512, 1024, 2048)  # the length trend
+    q0: int = 16  # first query counted in sink mass (SCIENCE.md §5)
+    eps: float = 0.3  # sink-head threshold
+    stream_tokens: int = 2000  # streaming perplexity length
+    n_sink: int = 4
+    window: int = 252  # recent tokens kept by the window and sink policies
+    recompute_every: int = 25  # the recompute oracle scores every K-th position
+    ablate_tokens: int = 256  # length of the ablation experiments' input
+    sensitivity_grid: int = 8  # (t, i) grid side for the Jacobian experiment
+    seed: int = 0
+    stages: tuple[str, ...] | None = None  # None = every stage
+
+    def __post_init__(self) -> None:
+        positive = {
+            "probe_tokens": self.probe_tokens,
+            "stream_tokens": self.stream_tokens,
+            "n_sink": self.n_sink,
+            "window": self.window,
+            "recompute_every": self.recompute_every,
+            "ablate_tokens": self.ablate_tokens,
+            "sensitivity_grid": self.sensitivity_grid,
+        }
+        for name, value in positive.items():
+            if value < 1:
+                raise SinklabError(f"report {name} must be at least 1, got {value}")
+        if not self.probe_lengths or min(self.probe_lengths) < 2:
+            raise SinklabError(
+                f"report probe_lengths must be non-empty lengths >= 2, got {self.probe_lengths}"
+            )
+        if not 0 < self.eps < 1:
+            raise SinklabError(f"report eps must be in (0, 1), got {self.eps}")
+        if not 0 <= self.q0 < min(self.probe_tokens, self.ablate_tokens):
+            raise SinklabError(
+                f"report q0 must be in [0, {min(self.probe_tokens, self.ablate_tokens)}), "
+                f"got {self.q0}"
+            )
+
+    @classmethod
+    def preset(cls, quick: bool, **overrides: Any) -> ReportConfig:
+        """Defaults for a 2-core CPU and SmolLM2: full < 15 min, quick < 3 min."""
+        if quick:
+            base: dict[str, Any] = dict(
+                quick=True,
+                probe_tokens=512,
+                probe_lengths=(128, 256, 512),
+                stream_tokens=600,
+                window=60,
+                recompute_every=20,
+                ablate_tokens=128,
+                sensitivity_grid=4,
+            )
+        else:
+            base = {}
+        return cls(**{**base, **overrides})
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One table cell: a label (``path`` None) or a value found at ``path`` in the stage JSON."""
+
+    value: Any
+    path: JsonPath | None = None
+    agg: str | None = None  # one of AGGREGATES, applied to the list at ``path``
+
+
+@dataclass(frozen=True)
+class TableSpec:
+    caption: str
+    columns: tuple[str, ...]
+    rows: tuple[tuple[Cell, ...], ...]
+
+
+@dataclass(frozen=True)
+class FigureSpec:
+    path: Path  # a PNG written by the stage
+    caption: str
+
+
+@dataclass
+class StageOutput:
+    """What a stage's callable returns: the library's JSON, figures and tables over that JSON."""
+
+    json: dict[str, Any]
+    figures: list[FigureSpec] = field(default_factory=list)
+    tables: list[TableSpec] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)  # caveats shown under the section title
+
+
+@dataclass
+class StageContext:
+    """Everything a stage may use: the one loaded model, the text, sizes, a figure folder."""
+
+    loaded: LoadedModel
+    text: Text
+    text_spec: str  # what the user passed as --text (for reproduce commands)
+    model_spec: str  # what the user passed as --model
+    config: ReportConfig
+    figures_dir: Path
+    progress: Progress = lambda fraction, note="": None
+    shared: dict[str, Any] = field(default_factory=dict)  # results earlier stages leave for later
+
+    def ids(self, n_tokens: int) -> torch.Tensor:
+        """The first ``n_tokens`` token ids of the text (cached; one tokenization per length)."""
+        key = f"ids:{n_tokens}"
+        if key not in self.shared:
+            self.shared[key] = token_stream(self.text, self.loaded.tokenizer, n_tokens)
+        return self.shared[key]
+
+    def cap_tokens(self, n_tokens: int) -> int:
+        """``n_tokens`` limited to the model's max positions (tiny models have short ones)."""
+        limit = self.loaded.info.max_positions
+        return min(n_tokens, limit) if limit else n_tokens
+
+
+@dataclass(frozen=True)
+class Stage:
+    """One section of the report."""
+
+    name: str  # short id: "probe", "stream", "first-token", ...
+    title: str
+    about: str  # one paragraph: what it measures and how to read it
+    cost: Callable[[ReportConfig], float]  # estimated seconds on SmolLM2 (2 cores), for the ETA
+    params: Callable[[StageContext], dict[str, Any]]
+    command: Callable[[StageContext], list[str]]
+    run: Callable[[StageContext], StageOutput]
+
+
+@dataclass
+class StageResult:
+    """A stage after it ran: its output, or the error that stopped it."""
+
+    name: str
+    title: str
+    about: str
+    status: str  # "ok" | "failed"
+    seconds: float
+    params: dict[str, Any]
+    command: list[str]
+    output: StageOutput | None = None
+    error: str | None = None  # one line: "ExceptionType: message"
+    traceback: str | None = None
+
+    def to_json(self, figure_root: Path) -> dict[str, Any]:
+        """The stage's entry in ``results.json`` (figure paths relative to the report folder)."""
+        out = self.output
+        return {
+            "title": self.title,
+            "status": self.status,
+            "seconds": round(self.seconds, 3),
+            "params": self.params,
+            "command": self.command,
+            "error": self.error,
+            "traceback": self.traceback,
+            "figures": [
+                {"path": str(f.path.relative_to(figure_root)), "caption": f.caption}
+                for f in (out.figures if out else [])
+            ],
+            "json": out.json if out else None,
+        }
+
+
+def describe_error(exc: BaseException) -> str:
+    """One line naming the exception; a missing library module gets a plainer sentence."""
+    if isinstance(exc, ModuleNotFoundError) and (exc.name or "").startswith("sinklab"):
+        return (
+            f"ModuleNotFoundError: the library module {exc.name} is not available in this "
+            "installation, so this stage cannot run"
+        )
+    lines = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {lines[0]}" if lines else type(exc).__name__
+
+
+def run_stage(stage: Stage, ctx: StageContext) -> StageResult:
+    """Run one stage; any ``Exception`` becomes a failed result (KeyboardInterrupt propagates)."""
+    start = time.perf_counter()
+    params: dict[str, Any] = {}
+    command: list[str] = []
+    try:
+        params = stage.params(ctx)
+        command = stage.command(ctx)
+        output = stage.run(ctx)
+    except Exception as exc:
+        return StageResult(
+            stage.name,
+            stage.title,
+            stage.about,
+            "failed",
+            time.perf_counter() - start,
+            params,
+            command,
+            error=describe_error(exc),
+            traceback="".join(traceback.format_exception(exc, limit=-8)),
+        )
+    return StageResult(
+        stage.name,
+        stage.title,
+        stage.about,
+        "ok",
+        time.perf_counter() - start,
+        params,
+        command,
+        output=output,
+    )
+
+
+def lookup(data: Any, path: JsonPath) -> Any:
+    """The value at ``path`` in nested dicts/lists (KeyError/IndexError when absent)."""
+    for key in path:
+        data = data[key]
+    return data
+
+
+def aggregate(values: Any, agg: str | None) -> Any:
+    """Apply a table cell's aggregate to the list it points at (None: the value itself)."""
+    if agg is None:
+        return values
+    flat = [float(v) for v in _flatten(values)]
+    if agg == "mean":
+        return sum(flat) / len(flat)
+    if agg == "max":
+        return max(flat)
+    if agg == "argmax":
+        return max(range(len(flat)), key=flat.__getitem__)
+    raise ValueError(f"unknown aggregate {agg!r}; one of {AGGREGATES}")
+
+
+def _flatten(values: Any) -> list[Any]:
+    if isinstance(values, list | tuple):
+        return [x for v in values for x in _flatten(v)]
+    return [values]

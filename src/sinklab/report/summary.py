@@ -1,0 +1,158 @@
+"""Headline sentences computed from the stages' numbers (never hand-written).
+
+Each sentence function reads one stage's JSON and returns a sentence, or None when that stage did
+not run or lacks the numbers; the headline is the sentences that could be computed, in reading
+order: sink rate, where sinks start (depth, position, length), streaming, ablations.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from sinklab.report.stages import ReportConfig, StageResult
+
+log = logging.getLogger(__name__)
+
+ABLATIONS = ("first-token", "mask-sink", "density", "sensitivity", "geometry")
+
+
+def _pct(x: float) -> str:
+    return f"{100 * x:.0f}%"
+
+
+def _num(x: float) -> str:
+    return f"{x:.1f}" if abs(x) >= 10 else f"{x:.2f}"
+
+
+def _ranges(layers: Sequence[int]) -> str:
+    """[0, 1, 2, 5] -> '0-2, 5'."""
+    out: list[str] = []
+    start = prev = None
+    for x in sorted(layers):
+        if start is None:
+            start = prev = x
+        elif x == prev + 1:
+            prev = x
+        else:
+            out.append(f"{start}-{prev}" if prev != start else f"{start}")
+            start = prev = x
+    if start is not None:
+        out.append(f"{start}-{prev}" if prev != start else f"{start}")
+    return ", ".join(out)
+
+
+def sink_rate_sentence(probe: dict[str, Any], config: ReportConfig) -> str:
+    mass = probe["sink_mass"]
+    n_heads = sum(len(row) for row in mass)
+    rate = probe["sink_rate"]
+    meta = probe.get("meta", {})
+    tokens = meta.get("n_tokens") or meta.get("tokens") or config.probe_tokens
+    q0 = meta.get("q0", meta.get("params", {}).get("q0", config.q0))
+    return (
+        f"{_pct(rate['0.3'])} of the {n_heads} heads ({len(mass)} layers x {len(mass[0])}) are "
+        f"sink heads, putting more than 0.3 of their attention on the first token "
+        f"({_pct(rate['0.8'])} put more than 0.8), over {tokens} tokens with q0 = {q0}."
+    )
+
+
+def sink_depth_sentence(probe: dict[str, Any], config: ReportConfig) -> str:
+    mass = probe["sink_mass"]
+    eps = config.eps
+    share = [sum(m > eps for m in row) / len(row) for row in mass]
+    none = [layer for layer, s in enumerate(share) if s == 0]
+    majority = [layer for layer, s in enumerate(share) if s >= 0.5]
+    best = max(range(len(share)), key=share.__getitem__)
+    parts = []
+    if majority:
+        parts.append(f"sinks take over from layer {majority[0]} (at least half its heads)")
+    else:
+        parts.append(f"no layer has a majority of sink heads; layer {best} has the most")
+    parts.append(
+        f"layers {_ranges(none)} have no sink head" if none else "every layer has a sink head"
+    )
+    parts.append(f"the densest is layer {best} ({_pct(share[best])} of its heads)")
+    sentence = "By depth: " + "; ".join(parts) + "."
+    return sentence
+
+
+def sink_positions_sentence(probe: dict[str, Any], config: ReportConfig) -> str | None:
+    positions = probe.get("sink_positions") or []
+    if not positions:
+        return "No key position receives attention far above uniform."
+    first = positions[0]
+    pos, value = _position(first)
+    others = [str(_position(p)[0]) for p in positions[1:6]]
+    tail = f"; other sink positions: {', '.join(others)}" if others else "; no other sink position"
+    return f"The strongest sink is key position {pos} (mean received attention {value:.2f}){tail}."
+
+
+def _position(entry: Any) -> tuple[int, float]:
+    if isinstance(entry, dict):
+        pos = entry.get("key_pos", entry.get("position"))
+        val = entry.get("mean_attention", entry.get("attention", entry.get("mass")))
+        return int(pos), float(val)
+    return int(entry[0]), float(entry[1])
+
+
+def length_sentence(lengths: dict[str, Any], config: ReportConfig) -> str | None:
+    by = lengths.get("by_length") or lengths
+    items = sorted(((int(k), v) for k, v in by.items() if str(k).isdigit()), key=lambda kv: kv[0])
+    if len(items) < 2:
+        return None
+    (t0, a), (t1, b) = items[0], items[-1]
+    ra, rb = a["sink_rate"]["0.3"], b["sink_rate"]["0.3"]
+    verb = "rises" if rb > ra + 0.01 else "falls" if rb < ra - 0.01 else "stays"
+    return (
+        f"With context length the sink rate {verb} from {_pct(ra)} at {t0} tokens to "
+        f"{_pct(rb)} at {t1} tokens."
+    )
+
+
+def stream_sentence(stream: dict[str, Any], config: ReportConfig) -> str | None:
+    pol = stream.get("policies", stream)
+    ppl = {k: float(v["ppl"]) for k, v in pol.items() if isinstance(v, dict) and "ppl" in v}
+    if "sink" not in ppl or "window" not in ppl:
+        return None
+    others = ", ".join(f"{k} {_num(ppl[k])}" for k in ("recompute", "dense") if k in ppl)
+    ratio = ppl["window"] / ppl["sink"] if ppl["sink"] else float("nan")
+    meta = stream.get("meta", {}).get("params", {})
+    n_sink = meta.get("n_sink", config.n_sink)
+    window = meta.get("window", config.window)
+    return (
+        f"Streaming with {n_sink} sinks + a {window}-token window keeps perplexity at "
+        f"{_num(ppl['sink'])}; evicting the sinks (window only) gives {_num(ppl['window'])}, "
+        f"{ratio:.2f}x worse" + (f" (for reference: {others})." if others else ".")
+    )
+
+
+def _sentence_or_none(fn: Callable[..., str | None], data: Any, config: ReportConfig) -> str | None:
+    try:
+        return fn(data, config)
+    except (KeyError, IndexError, TypeError, ValueError, ZeroDivisionError) as exc:
+        log.debug("summary: %s skipped (%s: %s)", fn.__name__, type(exc).__name__, exc)
+        return None
+
+
+def headline(results: Sequence[StageResult], config: ReportConfig) -> list[str]:
+    """The summary sentences, from whatever stages succeeded."""
+    ok = {r.name: r.output.json for r in results if r.status == "ok" and r.output is not None}
+    sentences: list[str | None] = []
+    if "probe" in ok:
+        for fn in (sink_rate_sentence, sink_depth_sentence, sink_positions_sentence):
+            sentences.append(_sentence_or_none(fn, ok["probe"], config))
+    if "probe-lengths" in ok:
+        sentences.append(_sentence_or_none(length_sentence, ok["probe-lengths"], config))
+    if "stream" in ok:
+        sentences.append(_sentence_or_none(stream_sentence, ok["stream"], config))
+    for name in ABLATIONS:
+        finding = ok.get(name, {}).get("finding")
+        if finding:
+            sentences.append(f"{name}: {finding}")
+    failed = [r.name for r in results if r.status != "ok"]
+    if failed:
+        sentences.append(
+            f"{len(failed)} stage(s) failed and are shown with their error: {', '.join(failed)}."
+        )
+    return [s for s in sentences if s]
