@@ -46,6 +46,8 @@ class AttentionChunk:
     repeated to H; ``output`` (B, H, c, D), set before :meth:`AttentionHandler.observe`.
     Query row ``i`` of the chunk is query ``q_start + i`` of the call, at key position
     ``q_offset + q_start + i`` (``q_offset = Tk - Tq``: the queries are the last Tq positions).
+    When every active handler sets ``causal_trim`` and the mask is plain causal, the key axis
+    stops at ``q_offset + q_start + c`` (the last key a row of the chunk can see).
     """
 
     layer: int
@@ -67,6 +69,11 @@ class AttentionHandler:
 
     #: layers this handler acts on; None = all
     layers: frozenset[int] | None = None
+    #: opt-in: this handler copes with chunks whose keys stop at the last key a row of the chunk
+    #: can see (``Tk`` of the chunk = ``q_offset + q_start + c``). Under a plain causal mask the
+    #: chunked path then skips the all-masked key columns (about half the work) when every active
+    #: handler opts in.
+    causal_trim: bool = False
 
     def active(self, layer: int) -> bool:
         return self.layers is None or layer in self.layers
@@ -128,7 +135,10 @@ def sinklab_attention_forward(
     layer = int(getattr(module, "layer_idx", -1))
     mid = id(module)
     handlers = [x.handler for x in _BINDINGS if mid in x.modules and x.handler.active(layer)]
-    mask = _bool_mask(attention_mask, tq, tk, query.device)
+    causal = attention_mask is None and tk >= tq  # queries at the end: every row sees a key
+    # plain causal mask: skip the all-masked key columns if every handler copes (causal_trim)
+    trim = causal and bool(handlers) and all(hd.causal_trim for hd in handlers)
+    mask = None if trim else _bool_mask(attention_mask, tq, tk, query.device)
 
     if not handlers and softcap is None and variant in ("softmax", "softmax1", "sink"):
         if variant == "softmax":
@@ -144,15 +154,22 @@ def sinklab_attention_forward(
     for q0 in range(0, tq, step):
         q1 = min(tq, q0 + step)
         qc = query[:, :, q0:q1]
-        scores = torch.matmul(qc, key.transpose(-1, -2)) * scale  # (B, H, c, Tk)
+        kend = tk - tq + q1 if trim else tk  # keys any row of this chunk can see
+        kc, vc = (key[:, :, :kend], value[:, :, :kend]) if trim else (key, value)
+        scores = torch.matmul(qc, kc.transpose(-1, -2)) * scale  # (B, H, c, kend)
         if softcap is not None:
             scores = softcap * torch.tanh(scores / softcap)
-        mc = mask[..., q0:q1, :]
-        weights = attention_weights(variant, scores, mc, sink_logit=sink_logit)
-        chunk = AttentionChunk(layer, module, q0, tk - tq, tq, qc, key, value, scores, mc, weights)
+        mc = causal_mask(q1 - q0, kend, query.device)[None, None] if trim else mask[..., q0:q1, :]
+        if variant == "softmax" and causal:  # fused softmax; no fully masked row can occur
+            work = torch.promote_types(scores.dtype, torch.float32)
+            masked = scores.masked_fill(~mc, float("-inf"))
+            weights = torch.softmax(masked, dim=-1, dtype=work).to(scores.dtype)
+        else:
+            weights = attention_weights(variant, scores, mc, sink_logit=sink_logit)
+        chunk = AttentionChunk(layer, module, q0, tk - tq, tq, qc, kc, vc, scores, mc, weights)
         for handler in handlers:
             handler.transform(chunk)
-        chunk.output = torch.matmul(chunk.weights.to(value.dtype), value)  # (B, H, c, D)
+        chunk.output = torch.matmul(chunk.weights.to(value.dtype), vc)  # (B, H, c, D)
         for handler in handlers:
             handler.observe(chunk)
         out[:, :, q0:q1] = chunk.output

@@ -1,0 +1,282 @@
+"""``probe(model, ids, config) -> ProbeResult``: every layer's and head's sink metrics in one
+forward, memory-bounded; ``probe_lengths`` repeats it over prefixes of the same ids."""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from sinklab.errors import SinklabError
+from sinklab.hooks import check_supported, sinklab_attention
+from sinklab.meta import build_meta
+from sinklab.probe import metrics as M
+from sinklab.probe.capture import HiddenCapture, ProbeCapture, decoder_layers
+
+log = logging.getLogger(__name__)
+
+#: callback(done, total): layers finished so far (over all runs of a call) and the total
+ProgressCallback = Callable[[int, int], None]
+
+HEAD_KEYS = (
+    "sink_mass",
+    "diagonal_mass",
+    "prev_token_mass",
+    "entropy",
+    "value_norm_ratio",
+    "sink_output_share",
+)
+LAYER_KEYS = ("first_token_cosine", "token_similarity", "first_token_norm_ratio")
+
+
+@dataclass(frozen=True)
+class ProbeConfig:
+    """What the probe measures; every field is recorded in ``meta.params``."""
+
+    q0: int = 0  # first query counted in means (0 = Gu et al.'s alpha); larger drops early rows
+    eps: tuple[float, ...] = (0.3, 0.8)  # sink-head thresholds: Gu et al. 0.3, Barbero et al. 0.8
+    kind_floor: float = 0.3  # head_kind is "mixed" when its largest mass is below this
+    sink_factor: float = 5.0  # sink position: received > factor x max(uniform, median over keys)
+    max_sink_positions: int = 8  # report at most this many sink positions
+
+    def __post_init__(self) -> None:
+        if isinstance(self.q0, bool) or not isinstance(self.q0, int) or self.q0 < 0:
+            raise SinklabError(f"q0 must be an integer >= 0, got {self.q0!r}; use e.g. --q0 16")
+        eps = tuple(self.eps) if isinstance(self.eps, Sequence) else (self.eps,)
+        if not eps:
+            raise SinklabError("eps is empty; pass thresholds in (0, 1), e.g. --eps 0.3,0.8")
+        for e in eps:
+            if not isinstance(e, int | float) or not 0.0 < float(e) < 1.0:
+                raise SinklabError(
+                    f"eps must lie strictly between 0 and 1, got {e!r}; use e.g. --eps 0.3,0.8"
+                )
+        object.__setattr__(self, "eps", tuple(float(e) for e in eps))
+        if not 0.0 <= self.kind_floor <= 1.0:
+            raise SinklabError(f"kind_floor must be in [0, 1], got {self.kind_floor}")
+        if not self.sink_factor > 1.0:
+            raise SinklabError(f"sink_factor must be > 1, got {self.sink_factor}; e.g. 5")
+        if self.max_sink_positions < 1:
+            raise SinklabError(f"max_sink_positions must be >= 1, got {self.max_sink_positions}")
+
+
+def eps_key(eps: float) -> str:
+    """The JSON key of a threshold: 0.3 -> "0.3"."""
+    return f"{eps:g}"
+
+
+@dataclass
+class ProbeResult:
+    """Per (layer, head) tensors (L, H), per layer lists (L), and summaries; see SCIENCE.md §5."""
+
+    config: ProbeConfig
+    n_tokens: int
+    sink_mass: Tensor
+    diagonal_mass: Tensor
+    prev_token_mass: Tensor
+    entropy: Tensor  # nats
+    value_norm_ratio: Tensor
+    sink_output_share: Tensor
+    head_kind: list[list[str]]
+    first_token_cosine: list[float]
+    token_similarity: list[float]
+    first_token_norm_ratio: list[float]
+    sink_rate: dict[str, float]
+    sink_positions: list[dict[str, float | int]]
+    received: Tensor  # (L, H, T): mean attention each key receives (not in probe.json)
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def n_layers(self) -> int:
+        return int(self.sink_mass.shape[0])
+
+    @property
+    def n_heads(self) -> int:
+        return int(self.sink_mass.shape[1])
+
+    def to_json(self) -> dict[str, Any]:
+        """``meta`` and the issue's keys, indexed [layer][head] or [layer]; NaN stays NaN."""
+        data: dict[str, Any] = {"meta": self.meta}
+        for key in HEAD_KEYS:
+            data[key] = getattr(self, key).tolist()
+        data["head_kind"] = self.head_kind
+        for key in LAYER_KEYS:
+            data[key] = list(getattr(self, key))
+        data["sink_rate"] = dict(self.sink_rate)
+        data["sink_positions"] = list(self.sink_positions)
+        return data
+
+
+def _as_ids(ids: Tensor) -> Tensor:
+    ids = torch.as_tensor(ids)
+    if ids.dim() == 1:
+        ids = ids[None]
+    if ids.dim() != 2 or ids.shape[0] != 1 or ids.dtype not in (torch.long, torch.int):
+        raise SinklabError(f"ids must be a LongTensor (T,) or (1, T), got {tuple(ids.shape)}")
+    return ids.long()
+
+
+def _forward_kwargs(model: nn.Module) -> dict[str, Any]:
+    params = inspect.signature(model.forward).parameters
+    kw: dict[str, Any] = {"use_cache": False}
+    if "logits_to_keep" in params:  # the probe needs no logits: skip the (T, vocab) matrix
+        kw["logits_to_keep"] = 1
+    return kw
+
+
+def probe(
+    model: nn.Module,
+    ids: Tensor,
+    config: ProbeConfig | None = None,
+    callback: ProgressCallback | None = None,
+) -> ProbeResult:
+    """Run ``model`` once on ``ids`` (LongTensor (T,) or (1, T)) and measure every layer and head.
+
+    Composes with active interventions: inside ``with sinklab_attention(model, handler):`` the
+    probe measures the weights after ``handler`` changed them. ``callback(done, n_layers)`` is
+    called as each layer finishes. Raises :class:`SinklabError` for bad inputs or a model whose
+    attention can't be captured.
+    """
+    config = config or ProbeConfig()
+    ids = _as_ids(ids)
+    n_tokens = int(ids.shape[1])
+    if config.q0 >= n_tokens:
+        raise SinklabError(
+            f"q0 = {config.q0} leaves no query among {n_tokens} tokens; use q0 < {n_tokens}"
+        )
+    check_supported(model)
+    cfg = model.config.get_text_config() if hasattr(model.config, "get_text_config") else None
+    cfg = cfg or model.config
+    n_layers, n_heads = int(cfg.num_hidden_layers), int(cfg.num_attention_heads)
+    blocks = decoder_layers(model, n_layers)
+    done: set[int] = set()
+
+    def tick(layer: int) -> None:
+        if layer not in done:
+            done.add(layer)
+            if callback is not None:
+                callback(len(done), n_layers)
+
+    capture = ProbeCapture(
+        n_heads, n_tokens, q0=config.q0, on_layer=tick if blocks is None else None
+    )
+    hidden = HiddenCapture(blocks or [], on_layer=tick)
+    start = time.perf_counter()
+    device = next(model.parameters()).device
+    with torch.no_grad(), sinklab_attention(model, capture), hidden:
+        model(ids.to(device), **_forward_kwargs(model))
+    seconds = time.perf_counter() - start
+    missing = sorted(set(range(n_layers)) - set(capture.sums))
+    if missing:
+        raise SinklabError(
+            f"{type(model).__name__}: the attention of layers {missing} did not go through "
+            "transformers' AttentionInterface, so sinklab cannot capture it; use a model whose "
+            "attention does (Llama, Mistral, Qwen2, Gemma, GPT-2, ...)"
+        )
+    per_layer = [capture.layer_metrics(layer) for layer in range(n_layers)]
+    heads = {k: torch.stack([p[k] for p in per_layer]) for k in (*HEAD_KEYS, "received")}
+    kinds = M.head_kind(
+        heads["sink_mass"], heads["diagonal_mass"], heads["prev_token_mass"], config.kind_floor
+    )
+    result = ProbeResult(
+        config=config,
+        n_tokens=n_tokens,
+        **{k: heads[k] for k in HEAD_KEYS},
+        head_kind=kinds,
+        first_token_cosine=_layer_list(hidden.first_token_cosine, n_layers),
+        token_similarity=_layer_list(hidden.token_similarity, n_layers),
+        first_token_norm_ratio=_layer_list(hidden.first_token_norm_ratio, n_layers),
+        sink_rate={eps_key(e): M.sink_rate(heads["sink_mass"], e) for e in config.eps},
+        sink_positions=M.sink_positions(
+            heads["received"], config.q0, config.sink_factor, config.max_sink_positions
+        ),
+        received=heads["received"],
+        meta=build_meta(n_tokens=n_tokens, params=config, seconds=seconds),
+    )
+    log.info("probe: %d tokens, %d layers x %d heads, %.1fs", n_tokens, n_layers, n_heads, seconds)
+    return result
+
+
+def _layer_list(values: list[float], n_layers: int) -> list[float]:
+    return list(values) if len(values) == n_layers else [math.nan] * n_layers
+
+
+@dataclass
+class LengthTrend:
+    """Sink rate and mean sink mass per length, and mean sink mass per layer per length."""
+
+    lengths: list[int]
+    sink_rate: list[dict[str, float]]
+    mean_sink_mass: list[float]
+    sink_mass_by_layer: list[list[float]]  # [length][layer]: mean over heads
+
+    def to_json(self) -> list[dict[str, Any]]:
+        return [
+            {"tokens": n, "sink_rate": r, "mean_sink_mass": m, "sink_mass_by_layer": by}
+            for n, r, m, by in zip(
+                self.lengths,
+                self.sink_rate,
+                self.mean_sink_mass,
+                self.sink_mass_by_layer,
+                strict=True,
+            )
+        ]
+
+
+def check_lengths(lengths: Sequence[int], n_available: int, q0: int = 0) -> list[int]:
+    """Sorted unique lengths, each in (q0, n_available]; SinklabError otherwise."""
+    if not lengths:
+        raise SinklabError("--lengths is empty; pass comma-separated token counts, e.g. 128,512")
+    for n in lengths:
+        if n < 2 or n > n_available:
+            raise SinklabError(
+                f"length {n} is outside 2..{n_available} (the tokens available); "
+                "pass lengths within it"
+            )
+        if q0 >= n:
+            raise SinklabError(f"q0 = {q0} leaves no query at length {n}; use q0 < {n}")
+    return sorted(set(int(n) for n in lengths))
+
+
+def probe_lengths(
+    model: nn.Module,
+    ids: Tensor,
+    lengths: Sequence[int],
+    config: ProbeConfig | None = None,
+    callback: ProgressCallback | None = None,
+    known: ProbeResult | None = None,
+) -> LengthTrend:
+    """Probe the prefixes ``ids[:n]`` for each n in ``lengths`` (same text, growing context).
+
+    ``known`` (a result on ``ids[:known.n_tokens]`` with the same config) is reused for its length.
+    ``callback(done, total)`` counts layers over all lengths.
+    """
+    config = config or ProbeConfig()
+    ids = _as_ids(ids)
+    ns = check_lengths(lengths, int(ids.shape[1]), config.q0)
+    trend = LengthTrend([], [], [], [])
+    offset = 0
+    for n in ns:
+        if known is not None and known.n_tokens == n and known.config == config:
+            res = known
+        else:
+
+            def cb(done: int, total: int, base: int = offset) -> None:
+                if callback is not None:
+                    callback(base + done, total * len(ns))
+
+            res = probe(model, ids[:, :n], config, cb)
+        offset += res.n_layers
+        if callback is not None:
+            callback(offset, res.n_layers * len(ns))
+        trend.lengths.append(n)
+        trend.sink_rate.append(res.sink_rate)
+        trend.mean_sink_mass.append(float(res.sink_mass.nanmean()))
+        trend.sink_mass_by_layer.append(res.sink_mass.nanmean(1).tolist())
+    return trend
