@@ -21,6 +21,7 @@ from sinklab.report.stages import (
     StageContext,
     StageOutput,
     TableSpec,
+    aggregate,
 )
 
 
@@ -47,7 +48,7 @@ def _library_figures(ctx: StageContext, paths: Sequence[Any], captions: dict[str
 
 def _probe_params(ctx: StageContext) -> dict[str, Any]:
     c = ctx.config
-    return {"tokens": ctx.cap_tokens(c.probe_tokens), "q0": c.q0, "eps": c.eps}
+    return {"tokens": ctx.cap_tokens(c.probe_tokens), "q0": c.q0}
 
 
 def _probe_command(ctx: StageContext) -> list[str]:
@@ -58,27 +59,32 @@ def _probe_command(ctx: StageContext) -> list[str]:
         str(p["tokens"]),
         "--q0",
         str(p["q0"]),
-        "--eps",
-        str(p["eps"]),
         "--out",
         _out(ctx, "probe"),
     ]
 
 
+def _probe_config(ctx: StageContext) -> Any:
+    from sinklab.probe import ProbeConfig
+
+    return ProbeConfig(q0=ctx.config.q0)  # eps: the library's (0.3, 0.8), both reported
+
+
+def _layer_progress(ctx: StageContext):
+    def callback(done: int, total: int) -> None:
+        ctx.progress(done / max(1, total), f"layer {done}/{total}")
+
+    return callback
+
+
 def _run_probe(ctx: StageContext) -> StageOutput:
-    from sinklab.probe import ProbeConfig, probe
+    from sinklab.probe import probe
 
     p = _probe_params(ctx)
-    ids = ctx.ids(p["tokens"])
-    n_layers = ctx.loaded.info.n_layers
-
-    def on_layer(layer: int, *_: Any) -> None:
-        ctx.progress((layer + 1) / n_layers, f"layer {layer + 1}/{n_layers}")
-
-    result = probe(ctx.loaded.model, ids, ProbeConfig(q0=p["q0"], eps=p["eps"]), callback=on_layer)
+    result = probe(ctx.loaded.model, ctx.ids(p["tokens"]), _probe_config(ctx), _layer_progress(ctx))
     data = result.to_json()
     ctx.shared["probe"] = result
-    return StageOutput(data, _probe_figures(ctx, data), _probe_tables(data))
+    return StageOutput(data, _probe_figures(ctx, data), _probe_tables(data, ctx.config.eps))
 
 
 def _probe_figures(ctx: StageContext, data: dict[str, Any]) -> list[FigureSpec]:
@@ -88,10 +94,10 @@ def _probe_figures(ctx: StageContext, data: dict[str, Any]) -> list[FigureSpec]:
         data["sink_mass"],
         d / "sink_mass.png",
         title=f"Sink mass per head ({name}, T={t}, q0={q0})",
-        cbar="sink mass (attention on key 0)",
+        cbar="sink mass (mean attention on key 0)",
     )
     layers = list(range(len(data["sink_mass"])))
-    mean_mass = [sum(row) / len(row) for row in data["sink_mass"]]
+    mean_mass = [aggregate(row, "mean") for row in data["sink_mass"]]
     curves = figures.curves(
         layers,
         {
@@ -100,29 +106,69 @@ def _probe_figures(ctx: StageContext, data: dict[str, Any]) -> list[FigureSpec]:
             "token similarity": data["token_similarity"],
         },
         d / "per_layer.png",
-        title=f"Per layer ({name}, T={t})",
+        title=f"Per layer ({name}, T={t}, q0={q0})",
         xlabel="layer",
         ylabel="value",
         hline=0.0,
     )
     return [
-        FigureSpec(heat, f"Sink mass m(l, h): mean attention on key 0, queries t >= {q0}."),
-        FigureSpec(curves, "Per-layer curves: mean sink mass, first-token cosine, similarity."),
+        FigureSpec(heat, f"Sink mass m(l, h): mean attention on key 0 over queries t >= {q0}."),
+        FigureSpec(
+            curves,
+            "Per layer: mean sink mass over heads, first-token cosine (<= 0 in middle layers "
+            "per seed 004) and token similarity (oversmoothing).",
+        ),
     ]
 
 
-def _probe_tables(data: dict[str, Any]) -> list[TableSpec]:
+def _probe_tables(data: dict[str, Any], eps: float) -> list[TableSpec]:
     rates = TableSpec(
-        "Sink rate: share of (layer, head) pairs whose sink mass exceeds eps",
+        "Sink rate: share of all (layer, head) pairs whose sink mass exceeds eps",
         ("eps", "sink rate"),
         tuple((Cell(k), Cell(None, ("sink_rate", k))) for k in sorted(data["sink_rate"])),
     )
+    mass = data["sink_mass"]
+    ranked = sorted(
+        ((lay, h) for lay, row in enumerate(mass) for h, m in enumerate(row) if m == m),
+        key=lambda lh: -mass[lh[0]][lh[1]],
+    )[:10]
+    top = TableSpec(
+        "Top sink heads (largest sink mass)",
+        ("layer", "head", "sink mass", "diagonal mass", "value-norm ratio", "sink output share"),
+        tuple(
+            (
+                Cell(lay),
+                Cell(h),
+                Cell(None, ("sink_mass", lay, h)),
+                Cell(None, ("diagonal_mass", lay, h)),
+                Cell(None, ("value_norm_ratio", lay, h)),
+                Cell(None, ("sink_output_share", lay, h)),
+            )
+            for lay, h in ranked
+        ),
+    )
+    positions = TableSpec(
+        "Sink positions: keys receiving far more attention than uniform",
+        ("rank", "key position", "mean received attention"),
+        tuple(
+            (
+                Cell(i + 1),
+                Cell(None, ("sink_positions", i, "position")),
+                Cell(None, ("sink_positions", i, "mass")),
+            )
+            for i in range(len(data["sink_positions"]))
+        ),
+    )
     per_layer = TableSpec(
-        "Per layer",
+        "Per layer (head counts by kind: the largest of sink / diagonal / previous-token mass)",
         (
             "layer",
             "mean sink mass",
             "max sink mass",
+            "sink heads",
+            "diagonal heads",
+            "prev-token heads",
+            "mixed heads",
             "first-token cosine",
             "token similarity",
             "first-token norm / median",
@@ -132,20 +178,24 @@ def _probe_tables(data: dict[str, Any]) -> list[TableSpec]:
                 Cell(layer),
                 Cell(None, ("sink_mass", layer), "mean"),
                 Cell(None, ("sink_mass", layer), "max"),
+                Cell(None, ("head_kind", layer), "count:sink"),
+                Cell(None, ("head_kind", layer), "count:diagonal"),
+                Cell(None, ("head_kind", layer), "count:previous-token"),
+                Cell(None, ("head_kind", layer), "count:mixed"),
                 Cell(None, ("first_token_cosine", layer)),
                 Cell(None, ("token_similarity", layer)),
                 Cell(None, ("first_token_norm_ratio", layer)),
             )
-            for layer in range(len(data["sink_mass"]))
+            for layer in range(len(mass))
         ),
     )
-    return [rates, per_layer]
+    return [rates, top, positions, per_layer]
 
 
 def _probe_lengths_params(ctx: StageContext) -> dict[str, Any]:
     c = ctx.config
     lengths = sorted({ctx.cap_tokens(n) for n in c.probe_lengths})
-    return {"lengths": lengths, "q0": c.q0, "eps": c.eps}
+    return {"lengths": lengths, "q0": c.q0}
 
 
 def _probe_lengths_command(ctx: StageContext) -> list[str]:
@@ -158,22 +208,67 @@ def _probe_lengths_command(ctx: StageContext) -> list[str]:
         ",".join(map(str, p["lengths"])),
         "--q0",
         str(p["q0"]),
-        "--eps",
-        str(p["eps"]),
         "--out",
         _out(ctx, "probe-lengths"),
     ]
 
 
 def _run_probe_lengths(ctx: StageContext) -> StageOutput:
-    from sinklab.probe import ProbeConfig, probe_lengths
+    from sinklab.meta import build_meta
+    from sinklab.probe import probe_lengths
 
     p = _probe_lengths_params(ctx)
-    ids = ctx.ids(max(p["lengths"]))
-    config = ProbeConfig(q0=p["q0"], eps=p["eps"])
-    result = probe_lengths(ctx.loaded.model, ids, p["lengths"], config)
-    data = result if isinstance(result, dict) else result.to_json()
-    return StageOutput(data)
+    config = _probe_config(ctx)
+    known = ctx.shared.get("probe")
+    trend = probe_lengths(
+        ctx.loaded.model,
+        ctx.ids(max(p["lengths"])),
+        p["lengths"],
+        config,
+        _layer_progress(ctx),
+        known=known,
+    )
+    data = {"meta": build_meta(params=config), "by_length": trend.to_json()}
+    rows = data["by_length"]
+    keys = sorted(rows[0]["sink_rate"])
+    d, name = ctx.figures_dir, ctx.loaded.info.name
+    rate_fig = figures.curves(
+        trend.lengths,
+        {f"sink rate (eps {k})": [r["sink_rate"][k] for r in rows] for k in keys}
+        | {"mean sink mass": [r["mean_sink_mass"] for r in rows]},
+        d / "length_trend.png",
+        title=f"Sinks against context length ({name}, q0={p['q0']})",
+        xlabel="tokens",
+        ylabel="share of heads / mass",
+    )
+    by_layer = figures.curves(
+        list(range(len(rows[0]["sink_mass_by_layer"]))),
+        {f"T={r['tokens']}": r["sink_mass_by_layer"] for r in rows},
+        d / "sink_mass_by_layer.png",
+        title=f"Mean sink mass per layer, by context length ({name})",
+        xlabel="layer",
+        ylabel="mean sink mass over heads",
+    )
+    table = TableSpec(
+        "By length",
+        ("tokens", *(f"sink rate (eps {k})" for k in keys), "mean sink mass"),
+        tuple(
+            (
+                Cell(None, ("by_length", i, "tokens")),
+                *(Cell(None, ("by_length", i, "sink_rate", k)) for k in keys),
+                Cell(None, ("by_length", i, "mean_sink_mass")),
+            )
+            for i in range(len(rows))
+        ),
+    )
+    return StageOutput(
+        data,
+        [
+            FigureSpec(rate_fig, "Sink rate and mean sink mass as the context grows."),
+            FigureSpec(by_layer, "Mean sink mass per layer, one line per context length."),
+        ],
+        [table],
+    )
 
 
 # --------------------------------------------------------------------------- registry

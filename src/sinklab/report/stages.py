@@ -31,7 +31,7 @@ from sinklab.models import LoadedModel
 
 Progress = Callable[[float, str], None]  # (fraction of this stage done in [0, 1], short note)
 JsonPath = tuple[str | int, ...]
-AGGREGATES = ("mean", "max", "argmax")
+AGGREGATES = ("mean", "max", "argmax", "count:VALUE")
 
 
 @dataclass(frozen=True)
@@ -256,11 +256,14 @@ def aggregate(values: Any, agg: str | None) -> Any:
     """Apply a table cell's aggregate to the list it points at (None: the value itself)."""
     if agg is None:
         return values
+    if agg.startswith("count:"):
+        return sum(v == agg.removeprefix("count:") for v in _flatten(values))
     flat = [float(v) for v in _flatten(values)]
+    finite = [v for v in flat if v == v]  # NaN-safe, like the library's nanmean
     if agg == "mean":
-        return sum(flat) / len(flat)
+        return sum(finite) / len(finite) if finite else float("nan")
     if agg == "max":
-        return max(flat)
+        return max(finite) if finite else float("nan")
     if agg == "argmax":
         return max(range(len(flat)), key=flat.__getitem__)
     raise ValueError(f"unknown aggregate {agg!r}; one of {AGGREGATES}")

@@ -97,11 +97,11 @@ def _position(entry: Any) -> tuple[int, float]:
 
 
 def length_sentence(lengths: dict[str, Any], config: ReportConfig) -> str | None:
-    by = lengths.get("by_length") or lengths
-    items = sorted(((int(k), v) for k, v in by.items() if str(k).isdigit()), key=lambda kv: kv[0])
-    if len(items) < 2:
+    rows = sorted(lengths["by_length"], key=lambda r: r["tokens"])
+    if len(rows) < 2:
         return None
-    (t0, a), (t1, b) = items[0], items[-1]
+    a, b = rows[0], rows[-1]
+    t0, t1 = a["tokens"], b["tokens"]
     ra, rb = a["sink_rate"]["0.3"], b["sink_rate"]["0.3"]
     verb = "rises" if rb > ra + 0.01 else "falls" if rb < ra - 0.01 else "stays"
     return (
@@ -130,7 +130,7 @@ def stream_sentence(stream: dict[str, Any], config: ReportConfig) -> str | None:
 def _sentence_or_none(fn: Callable[..., str | None], data: Any, config: ReportConfig) -> str | None:
     try:
         return fn(data, config)
-    except (KeyError, IndexError, TypeError, ValueError, ZeroDivisionError) as exc:
+    except Exception as exc:  # a summary sentence never breaks the report
         log.debug("summary: %s skipped (%s: %s)", fn.__name__, type(exc).__name__, exc)
         return None
 
