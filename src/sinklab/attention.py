@@ -322,30 +322,29 @@ def _with_sink_key(
     exact up to one rounding and real logits are unchanged, at O(T * D) cost. An additive float
     mask column would be q-independent too, but must be materialised as ``(B, H, Tq, Tk + 1)``
     and excludes ``is_causal``, which loses SDPA's fastest kernel (an explicit causal mask was
-    1.6x slower at T=2048 on CPU). ``v`` is padded too: the CPU flash kernel needs equal head dims.
+    1.6x slower at T=2048 on CPU).
     ``prepend``: sink key first plus a dummy query row 0 (drop it afterwards), so SDPA's top-left
     ``is_causal`` lets query ``i`` see the sink and keys ``0..i``; else the sink key goes last.
     Returns q ``(B, H, Tq (+1), D + p)``, k/v ``(B, Hkv, Tk + 1, D + p)``.
     """
     b, h, tq, d = q.shape
-    hkv, dv = k.shape[1], v.shape[-1]
+    hkv, tk, dv = k.shape[1], k.shape[2], v.shape[-1]
     zero = not isinstance(sink_logit, Tensor) and float(sink_logit) == 0.0
-    p = 0 if zero else _sink_pad_width(max(d, dv), q.device)
-    sink_k = q.new_zeros(b, hkv, 1, d + p)
-    if p:
-        lam = torch.as_tensor(sink_logit, dtype=q.dtype, device=q.device)
-        lam = lam.view(1, -1, 1, 1) if lam.ndim == 1 else lam  # (1, H, 1, 1) or scalar
-        col = (lam / scale).expand(b, h, tq, 1)  # (B, H, Tq, 1)
-        q = torch.cat([q, col, q.new_zeros(b, h, tq, p - 1)], dim=-1)  # (B, H, Tq, D + p)
-        k = F.pad(k, (0, p))  # (B, Hkv, Tk, D + p)
-        sink_k[..., d] = 1.0
-    # equal q/k/v head dims keep the fused kernel (a no-op when dv == d and p == 0)
-    v = F.pad(v, (0, q.shape[-1] - dv))  # (B, Hkv, Tk, D + p)
-    sink_v = v.new_zeros(b, hkv, 1, v.shape[-1])
-    if prepend:
-        q = F.pad(q, (0, 0, 1, 0))  # (B, H, Tq + 1, D + p), dummy query at row 0
-        return q, torch.cat([sink_k, k], dim=2), torch.cat([sink_v, v], dim=2)
-    return q, torch.cat([k, sink_k], dim=2), torch.cat([v, sink_v], dim=2)
+    width = max(d, dv) + (0 if zero else _sink_pad_width(max(d, dv), q.device))
+    first, sink = (1, 0) if prepend else (0, tk)  # first real q/k row; the sink key's row
+    # one copy each into zeroed buffers; equal q/k/v head dims keep the fused kernel
+    q2 = q.new_zeros(b, h, first + tq, width)  # (B, H, Tq (+1), D + p)
+    k2 = k.new_zeros(b, hkv, tk + 1, width)  # (B, Hkv, Tk + 1, D + p)
+    v2 = v.new_zeros(b, hkv, tk + 1, width)  # (B, Hkv, Tk + 1, D + p), the sink's value is 0
+    q2[:, :, first:, :d] = q
+    k2[:, :, first : first + tk, :d] = k
+    v2[:, :, first : first + tk, :dv] = v
+    if not zero:
+        lam = torch.as_tensor(sink_logit, device=q.device).to(q.dtype)  # differentiable
+        lam = lam.view(1, -1, 1) if lam.ndim == 1 else lam  # (1, H, 1) or scalar
+        q2[:, :, first:, max(d, dv)] = lam / scale
+        k2[:, :, sink, max(d, dv)] = 1.0
+    return q2, k2, v2
 
 
 def fused_attention(
