@@ -50,9 +50,12 @@ nav a { color: var(--accent); text-decoration: none; }
 figure { margin:0; } figure img { width:100%; height:auto; border:1px solid var(--line);
          border-radius:6px; background:#fff; }
 figcaption { font-size: 13px; color: var(--muted); margin-top: 4px; }
-.tablewrap { overflow-x: auto; max-height: 440px; overflow-y: auto; margin-bottom: 8px; }
+.tables { display:flex; flex-wrap: wrap; gap: 8px 28px; align-items: flex-start; margin-top: 12px; }
+.tbl { max-width: 100%; }
+.tcap { color: var(--muted); font-size: 13px; margin: 0 0 4px; max-width: 560px; }
+.tablewrap { overflow-x: auto; max-height: 420px; overflow-y: auto; margin-bottom: 8px;
+             border: 1px solid var(--line); border-radius: 6px; background: #fff; }
 table { border-collapse: collapse; font-size: 13.5px; }
-caption { text-align:left; color: var(--muted); font-size: 13px; padding: 0 0 4px; }
 th, td { border-bottom: 1px solid var(--line); padding: 4px 10px; text-align: right; }
 th { background:#f3f5f8; position: sticky; top: 0; }
 th:first-child, td:first-child { text-align: left; }
@@ -114,8 +117,8 @@ def _table(stage: str, data: dict[str, Any], table: TableSpec) -> str:
         "<tr>" + "".join(_cell(stage, data, c) for c in row) + "</tr>" for row in table.rows
     )
     return (
-        f'<div class="tablewrap"><table><caption>{_e(table.caption)}</caption>'
-        f"<thead><tr>{head}</tr></thead><tbody>{body}</tbody></table></div>"
+        f'<div class="tbl"><p class="tcap">{_e(table.caption)}</p><div class="tablewrap"><table>'
+        f"<thead><tr>{head}</tr></thead><tbody>{body}</tbody></table></div></div>"
     )
 
 
@@ -150,7 +153,9 @@ def _section(result: StageResult) -> str:
                 for f in out.figures
             )
             parts.append(f'<div class="figs">{figs}</div>')
-        parts += [_table(result.name, out.json, t) for t in out.tables]
+        if out.tables:
+            tables = "".join(_table(result.name, out.json, t) for t in out.tables)
+            parts.append(f'<div class="tables">{tables}</div>')
     if result.params:
         parts.append(f"<details><summary>Parameters</summary>{_params(result.params)}</details>")
     if result.command:
