@@ -78,7 +78,7 @@ def sink_depth_sentence(probe: dict[str, Any], config: ReportConfig) -> str:
 
 
 def sink_positions_sentence(probe: dict[str, Any], config: ReportConfig) -> str | None:
-    positions = probe.get("sink_positions") or []
+    positions = probe["sink_positions"]
     if not positions:
         return "No key position receives attention far above uniform."
     first = positions[0]

@@ -1,0 +1,134 @@
+"""The report's pure parts: headline sentences from hand-made numbers, formatting, config checks,
+the page without any model."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from sinklab.errors import SinklabError
+from sinklab.report.html import fmt, render_page
+from sinklab.report.stages import (
+    ReportConfig,
+    StageOutput,
+    StageResult,
+    aggregate,
+    describe_error,
+)
+from sinklab.report.summary import (
+    _ranges,
+    headline,
+    length_sentence,
+    sink_depth_sentence,
+    sink_positions_sentence,
+    sink_rate_sentence,
+    stream_sentence,
+)
+
+PROBE = {
+    "meta": {"n_tokens": 512, "params": {"q0": 16}},
+    "sink_mass": [[0.0, 0.1], [0.2, 0.5], [0.9, 0.95]],
+    "sink_rate": {"0.3": 0.5, "0.8": 1 / 3},
+    "sink_positions": [{"position": 0, "mass": 0.61}, {"position": 7, "mass": 0.05}],
+}
+
+
+def ok(name: str, data: dict) -> StageResult:
+    return StageResult(name, name, "", "ok", 1.0, {}, [], output=StageOutput(data))
+
+
+def test_probe_sentences_are_computed_from_numbers():
+    cfg = ReportConfig()
+    assert sink_rate_sentence(PROBE, cfg).startswith("50% of the 6 heads (3 layers x 2)")
+    assert "(33% put more than 0.8), over 512 tokens with q0 = 16" in sink_rate_sentence(PROBE, cfg)
+    depth = sink_depth_sentence(PROBE, cfg)
+    assert "from layer 1" in depth and "layers 0 have no sink head" in depth
+    assert "densest is layer 2 (100%" in depth
+    pos = sink_positions_sentence(PROBE, cfg)
+    assert pos == (
+        "The strongest sink is key position 0 (mean received attention 0.61); "
+        "other sink positions: 7."
+    )
+
+
+def test_length_and_stream_sentences():
+    trend = {
+        "by_length": [
+            {"tokens": 512, "sink_rate": {"0.3": 0.6}},
+            {"tokens": 128, "sink_rate": {"0.3": 0.4}},
+        ]
+    }
+    assert length_sentence(trend, ReportConfig()) == (
+        "With context length the sink rate rises from 40% at 128 tokens to 60% at 512 tokens."
+    )
+    stream = {
+        "meta": {"params": {"n_sink": 4, "window": 60}},
+        "policies": {
+            "sink": {"ppl": 30.0},
+            "window": {"ppl": 90.0},
+            "recompute": {"ppl": 29.5},
+            "dense": {"ppl": 25.0},
+        },
+    }
+    s = stream_sentence(stream, ReportConfig())
+    assert "4 sinks + a 60-token window keeps perplexity at 30.0" in s
+    assert "window only) gives 90.0, 3.00x worse (for reference: recompute 29.5, dense 25.0)" in s
+
+
+def test_headline_skips_what_it_cannot_compute_and_names_failures():
+    broken = ok("probe", {"sink_mass": "not a matrix"})
+    failed = StageResult("stream", "s", "", "failed", 0.1, {}, [], error="RuntimeError: x")
+    finding = ok("mask-sink", {"finding": "masking the sink raises perplexity from 12.1 to 410.3"})
+    lines = headline([broken, failed, finding], ReportConfig())
+    assert lines == [
+        "mask-sink: masking the sink raises perplexity from 12.1 to 410.3",
+        "1 stage(s) failed and are shown with their error: stream.",
+    ]
+
+
+def test_fmt_aggregate_ranges():
+    assert [fmt(x) for x in (None, True, 3, 0.12345, 12.345, 12345.6, math.nan)] == [
+        "–",
+        "yes",
+        "3",
+        "0.123",
+        "12.3",
+        "12,346",
+        "nan",
+    ]
+    assert aggregate([[1.0, math.nan], [3.0]], "mean") == 2.0
+    assert aggregate(["sink", "mixed", "sink"], "count:sink") == 2
+    assert _ranges([0, 1, 2, 5, 7, 8]) == "0-2, 5, 7-8"
+
+
+def test_describe_error_for_a_missing_library():
+    exc = ModuleNotFoundError("No module named 'sinklab.ablate'", name="sinklab.ablate")
+    assert "sinklab.ablate is not available" in describe_error(exc)
+    assert describe_error(ValueError("bad\nsecond line")) == "ValueError: bad"
+
+
+@pytest.mark.parametrize(
+    ("overrides", "needle"),
+    [
+        ({"window": 0}, "window must be at least 1"),
+        ({"eps": 1.5}, "eps must be in (0, 1)"),
+        ({"probe_lengths": ()}, "probe_lengths"),
+        ({"q0": 600}, "q0 must be in"),
+    ],
+)
+def test_config_validation(overrides, needle):
+    with pytest.raises(SinklabError, match=None) as info:
+        ReportConfig.preset(True, **overrides)
+    assert needle in str(info.value) and "\n" not in str(info.value)
+
+
+def test_page_escapes_text_and_has_no_external_reference():
+    bad = StageResult(
+        "x", "<b>x</b>", "a & b", "failed", 0.0, {"k": "<v>"}, ["sinklab", "x"], error="E: <oops>"
+    )
+    page = render_page(
+        title="t", subtitle="s", summary=["1 < 2"], results=[bad], footer={"m": "<m>"}
+    )
+    assert "<oops>" not in page and "&lt;oops&gt;" in page and "1 &lt; 2" in page
+    assert "http" not in page and "<script" not in page
