@@ -24,7 +24,7 @@ import pytest
 
 from sinklab.report.html import fmt
 from sinklab.report.stages import aggregate, lookup
-from test_cli import assert_one_line_error, run_cli
+from test_cli import run_cli
 
 STAGE_LIBRARIES = {
     "probe": "sinklab.probe",
@@ -203,10 +203,10 @@ def _slow_stage_script(model: Path, out: Path, started: Path) -> str:
 
         slow = Stage("slow", "Slow", "waits", lambda c: 1.0, lambda ctx: {{}}, lambda ctx: [], run)
         original = catalog.all_stages
-        catalog.all_stages = lambda: [*original()[:1], slow]
+        catalog.all_stages = lambda: [*original(), slow]
         from sinklab.cli import main
         sys.exit(main(["report", "--quick", "--model", {str(model)!r}, "--out", {str(out)!r},
-                       "--stages", "probe,slow"]))
+                       "--stages", "slow"]))
         """
     )
 
@@ -286,18 +286,30 @@ def test_failing_stage_shows_error_and_others_remain(tiny_model_dir, tmp_path):
     assert "broken" in data["summary"][-1]
 
 
-def test_refuses_a_folder_that_is_not_a_report(tmp_path, tiny_model_dir):
+def _main_one_line_error(capsys, args: list[str], needle: str) -> None:
+    """In process (no model load needed): exit 2 and one line on stderr."""
+    from sinklab.cli import main
+
+    assert main(args) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and needle in err[0], err
+
+
+def test_refuses_a_folder_that_is_not_a_report(tmp_path, capsys):
     (tmp_path / "thesis.tex").write_text("precious")
-    proc = run_cli(
-        "report", "--quick", "--model", str(tiny_model_dir("llama")), "--out", str(tmp_path)
-    )
-    assert_one_line_error(proc, "is not a sinklab report")
+    _main_one_line_error(capsys, ["report", "--out", str(tmp_path)], "is not a sinklab report")
     assert (tmp_path / "thesis.tex").read_text() == "precious"
+    _main_one_line_error(
+        capsys, ["report", "--out", str(tmp_path / "thesis.tex")], "is a file; pass a folder"
+    )
 
 
-def test_unknown_stage_is_one_line_error(tmp_path):
-    proc = run_cli("report", "--stages", "probe,nope", "--out", str(tmp_path / "r"))
-    assert_one_line_error(proc, "unknown report stage(s) nope")
+def test_unknown_stage_is_one_line_error(tmp_path, capsys):
+    _main_one_line_error(
+        capsys,
+        ["report", "--stages", "probe,nope", "--out", str(tmp_path / "r")],
+        "unknown report stage(s) nope",
+    )
 
 
 CHROMIUM, CHROMEDRIVER = Path("/usr/bin/chromium"), Path("/usr/bin/chromedriver")

@@ -132,3 +132,22 @@ def test_page_escapes_text_and_has_no_external_reference():
     )
     assert "<oops>" not in page and "&lt;oops&gt;" in page and "1 &lt; 2" in page
     assert "http" not in page and "<script" not in page
+
+
+def test_generic_view_tables_and_curves_point_into_the_json(tmp_path):
+    from sinklab.report.catalog_ablate import generic_view
+    from sinklab.report.stages import lookup
+
+    data = {
+        "meta": {},
+        "finding": "x",
+        "conditions": {
+            "keep": {"ppl": 12.1, "token_similarity": [0.1, 0.2, 0.3]},
+            "drop": {"ppl": 410.3, "token_similarity": [0.5, 0.6, 0.7]},
+        },
+    }
+    figs, tables = generic_view(data, tmp_path, "first-token")
+    assert [t.columns for t in tables] == [("condition", "ppl")]
+    cells = [row[1] for row in tables[0].rows]
+    assert [lookup(data, c.path) for c in cells] == [12.1, 410.3]
+    assert len(figs) == 1 and figs[0].path.read_bytes()[:4] == b"\x89PNG"

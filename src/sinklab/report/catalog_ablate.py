@@ -4,7 +4,19 @@ from __future__ import annotations
 
 from typing import Any
 
-from sinklab.report.stages import ReportConfig, Stage, StageContext, StageOutput
+from sinklab.report import figures
+from sinklab.report.stages import (
+    Cell,
+    FigureSpec,
+    JsonPath,
+    ReportConfig,
+    Stage,
+    StageContext,
+    StageOutput,
+    TableSpec,
+)
+
+MAX_ROWS = 40
 
 EXPERIMENTS: dict[str, tuple[str, str]] = {
     "first-token": (
@@ -76,6 +88,63 @@ def _run(name: str):
         return StageOutput(result.to_json())
 
     return run
+
+
+def _is_num(x: Any) -> bool:
+    return isinstance(x, int | float) and not isinstance(x, bool)
+
+
+def _is_series(x: Any) -> bool:
+    return isinstance(x, list) and len(x) > 1 and all(_is_num(v) for v in x)
+
+
+def generic_view(
+    data: dict[str, Any], figures_dir: Any, title: str
+) -> tuple[list[FigureSpec], list[TableSpec]]:
+    """Tables and curves for any ``{condition: {field: number | [numbers]}}`` in a JSON.
+
+    A mapping whose values are mappings becomes a table (one row per condition, one column per
+    scalar field) and, for list fields, one figure per field with one curve per condition.
+    Nothing is computed: each cell points at its number in the JSON.
+    """
+    figs: list[FigureSpec] = []
+    tables: list[TableSpec] = []
+    for key, block in data.items():
+        if key in ("meta", "finding") or not isinstance(block, dict) or not block:
+            continue
+        rows = {c: v for c, v in block.items() if isinstance(v, dict)}
+        if not rows:
+            continue
+        scalars = sorted({f for v in rows.values() for f, x in v.items() if _is_num(x)})
+        if scalars:
+            tables.append(
+                TableSpec(
+                    f"{key}: per condition",
+                    ("condition", *scalars),
+                    tuple(
+                        (Cell(c), *(_cell((key, c, f), v, f) for f in scalars))
+                        for c, v in list(rows.items())[:MAX_ROWS]
+                    ),
+                )
+            )
+        series = sorted({f for v in rows.values() for f, x in v.items() if _is_series(x)})
+        for f in series:
+            lines = {c: v[f] for c, v in rows.items() if _is_series(v.get(f))}
+            longest = max(len(y) for y in lines.values())
+            path = figures.curves(
+                list(range(longest)),
+                lines,
+                figures_dir / f"{key}_{f}.png",
+                title=f"{title}: {f.replace('_', ' ')}",
+                xlabel="layer" if "layer" in f or longest < 64 else "index",
+                ylabel=f.replace("_", " "),
+            )
+            figs.append(FigureSpec(path, f"{f.replace('_', ' ')} per condition ({key})."))
+    return figs, tables
+
+
+def _cell(path: JsonPath, row: dict[str, Any], field: str) -> Cell:
+    return Cell(None, path) if _is_num(row.get(field)) else Cell("")
 
 
 def _cost(name: str):
