@@ -158,6 +158,20 @@ def test_fused_matches_reference_with_other_value_head_dim(variant: str, tq: int
     torch.testing.assert_close(fused_attention(q, k, v, **kw), expected, atol=1e-5, rtol=0)
 
 
+def test_fused_sink_with_infinite_logits() -> None:
+    q, k, v = qkv(1, 2, 6, 6, 8, seed=6)
+    plain = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    lam = torch.tensor([-math.inf, -math.inf])
+    out = fused_attention(q, k, v, is_causal=True, variant="sink", sink_logit=lam)
+    torch.testing.assert_close(out, plain)  # a sink of -inf is plain softmax
+    lam = torch.tensor([math.inf, 0.0])
+    out = fused_attention(q, k, v, is_causal=True, variant="sink", sink_logit=lam)
+    ref, _ = reference_attention(q, k, v, is_causal=True, variant="sink", sink_logit=lam)
+    assert not out.isnan().any()
+    assert torch.equal(out[:, 0], torch.zeros(1, 6, 8))  # a sink of +inf takes all the mass
+    torch.testing.assert_close(out, ref, atol=1e-5, rtol=0)
+
+
 def test_fused_sink_gradients_match_reference() -> None:
     q, k, v = qkv(1, 2, 8, 8, 4, seed=3)
     grads = []

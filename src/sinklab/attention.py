@@ -255,9 +255,9 @@ def attention_weights(
         return sink_softmax(scores, mask, 0.0 if sink_logit is None else sink_logit)
     if variant == "sigmoid":
         return sigmoid_attention(scores, mask, sigmoid_bias)
-    return {"softmax": softmax, "softmax1": softmax1, "clipped": clipped_softmax}[variant](
-        scores, mask
-    )
+    if variant == "clipped":
+        return clipped_softmax(scores, mask)
+    return softmax1(scores, mask) if variant == "softmax1" else softmax(scores, mask)
 
 
 def _combined_mask(
@@ -341,6 +341,8 @@ def _with_sink_key(
     v2[:, :, first : first + tk, :dv] = v
     if not zero:
         lam = torch.as_tensor(sink_logit, device=q.device).to(q.dtype)  # differentiable
+        # +-1e3 is beyond float32 exp range: same weights, and no inf * 0 = NaN in q @ k^T
+        lam = lam.clamp(-1e3, 1e3)
         lam = lam.view(1, -1, 1) if lam.ndim == 1 else lam  # (1, H, 1) or scalar
         q2[:, :, first:, max(d, dv)] = lam / scale
         k2[:, :, sink, max(d, dv)] = 1.0
