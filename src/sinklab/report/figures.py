@@ -15,6 +15,7 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
+from matplotlib.ticker import MaxNLocator
 
 DPI = 110
 
@@ -68,6 +69,8 @@ def curves(
         ax.axhline(hline, color="0.6", lw=0.8, ls="--")
     if logy:
         ax.set_yscale("log")
+    if all(float(v).is_integer() for v in x):
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set(title=title, xlabel=xlabel, ylabel=ylabel)
     ax.grid(alpha=0.3)
     if len(series) > 1:
