@@ -22,6 +22,7 @@ from sinklab.report.stages import (
     StageOutput,
     TableSpec,
     aggregate,
+    reproduce_dir,
 )
 
 
@@ -30,7 +31,7 @@ def _base_command(ctx: StageContext, sub: str) -> list[str]:
 
 
 def _out(ctx: StageContext, name: str) -> str:
-    return str(ctx.shared["out"] / "reproduce" / name) if "out" in ctx.shared else name
+    return reproduce_dir(ctx, name)
 
 
 def _library_figures(ctx: StageContext, paths: Sequence[Any], captions: dict[str, str]) -> list:

@@ -14,6 +14,7 @@ from sinklab.report.stages import (
     StageContext,
     StageOutput,
     TableSpec,
+    reproduce_dir,
 )
 
 MAX_ROWS = 40
@@ -58,7 +59,6 @@ def _params(name: str):
 def _command(name: str):
     def command(ctx: StageContext) -> list[str]:
         p = _params(name)(ctx)
-        out = ctx.shared.get("out")
         cmd = [
             "sinklab",
             "ablate",
@@ -73,7 +73,7 @@ def _command(name: str):
         ]
         if "grid" in p:
             cmd += ["--grid", str(p["grid"])]
-        return [*cmd, "--out", str(out / "reproduce" / name) if out else name]
+        return [*cmd, "--out", reproduce_dir(ctx, name)]
 
     return command
 

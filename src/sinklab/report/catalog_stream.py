@@ -13,6 +13,7 @@ from sinklab.report.stages import (
     StageContext,
     StageOutput,
     TableSpec,
+    reproduce_dir,
 )
 
 POLICIES = ("dense", "window", "sink", "recompute")
@@ -31,7 +32,6 @@ def _params(ctx: StageContext) -> dict[str, Any]:
 
 def _command(ctx: StageContext) -> list[str]:
     p = _params(ctx)
-    out = ctx.shared.get("out")
     return [
         "sinklab",
         "stream",
@@ -50,7 +50,7 @@ def _command(ctx: StageContext) -> list[str]:
         "--recompute-every",
         str(p["recompute_every"]),
         "--out",
-        str(out / "reproduce" / "stream") if out else "stream",
+        reproduce_dir(ctx, "stream"),
     ]
 
 

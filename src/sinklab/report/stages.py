@@ -245,6 +245,13 @@ def run_stage(stage: Stage, ctx: StageContext) -> StageResult:
     )
 
 
+def reproduce_dir(ctx: StageContext, name: str) -> str:
+    """Where a reproduce command writes: ``DIR-reproduce/NAME``, beside the report (never inside
+    it, since the next report replaces ``DIR`` whole)."""
+    out = ctx.shared.get("out")
+    return str(out.parent / f"{out.name}-reproduce" / name) if out is not None else name
+
+
 def lookup(data: Any, path: JsonPath) -> Any:
     """The value at ``path`` in nested dicts/lists (KeyError/IndexError when absent)."""
     for key in path:
