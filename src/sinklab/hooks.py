@@ -159,10 +159,19 @@ def sinklab_attention_forward(
         scores = torch.matmul(qc, kc.transpose(-1, -2)) * scale  # (B, H, c, kend)
         if softcap is not None:
             scores = softcap * torch.tanh(scores / softcap)
-        mc = causal_mask(q1 - q0, kend, query.device)[None, None] if trim else mask[..., q0:q1, :]
+        c = q1 - q0
+        if trim:  # causal (c, kend): only the last c key columns hold masked entries
+            mc = torch.ones(c, kend, dtype=torch.bool, device=query.device).tril_(kend - c)
+            mc = mc[None, None]
+        else:
+            mc = mask[..., q0:q1, :]
         if variant == "softmax" and causal:  # fused softmax; no fully masked row can occur
             work = torch.promote_types(scores.dtype, torch.float32)
-            masked = scores.masked_fill(~mc, float("-inf"))
+            if trim:
+                masked = scores.clone()
+                masked[..., kend - c :].masked_fill_(~mc[..., kend - c :], float("-inf"))
+            else:
+                masked = scores.masked_fill(~mc, float("-inf"))
             weights = torch.softmax(masked, dim=-1, dtype=work).to(scores.dtype)
         else:
             weights = attention_weights(variant, scores, mc, sink_logit=sink_logit)

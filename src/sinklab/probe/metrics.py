@@ -42,28 +42,28 @@ def sink_mass_partial(
     """Sum over rows t >= max(key, q0) of ``A[t, key]``: ``((B, H), number of rows)``."""
     r0 = _first_row(weights.shape[-2], q_offset, max(key, q0))
     rows = weights[..., r0:, key]
-    return rows.sum(-1, dtype=torch.float64), rows.shape[-1]
+    return rows.sum(-1).double(), rows.shape[-1]
 
 
 def diagonal_partial(weights: Tensor, q0: int = 0, q_offset: int = 0) -> tuple[Tensor, int]:
     """Sum over rows t >= q0 of ``A[t, t]``: ``((B, H), count)``."""
     diag, r0 = _offset_diagonal(weights, q_offset, 0)
     d = diag[..., max(0, _first_row(weights.shape[-2], q_offset, q0) - r0) :]
-    return d.sum(-1, dtype=torch.float64), d.shape[-1]
+    return d.sum(-1).double(), d.shape[-1]
 
 
 def prev_token_partial(weights: Tensor, q0: int = 0, q_offset: int = 0) -> tuple[Tensor, int]:
     """Sum over rows t >= max(1, q0) of ``A[t, t - 1]``: ``((B, H), count)``."""
     diag, r0 = _offset_diagonal(weights, q_offset, 1)
     d = diag[..., max(0, _first_row(weights.shape[-2], q_offset, max(1, q0)) - r0) :]
-    return d.sum(-1, dtype=torch.float64), d.shape[-1]
+    return d.sum(-1).double(), d.shape[-1]
 
 
 def entropy_partial(weights: Tensor, q0: int = 0, q_offset: int = 0) -> tuple[Tensor, int]:
     """Sum over rows t >= q0 of the row entropy ``-sum_j A log A`` in nats: ``((B, H), count)``."""
     r0 = _first_row(weights.shape[-2], q_offset, q0)
     ent = torch.special.entr(weights[..., r0:, :].float()).sum(-1)  # (B, H, rows)
-    return ent.sum(-1, dtype=torch.float64), ent.shape[-1]
+    return ent.double().sum(-1), ent.shape[-1]
 
 
 def received_partial(weights: Tensor, q0: int = 0, q_offset: int = 0) -> tuple[Tensor, Tensor]:
@@ -73,7 +73,7 @@ def received_partial(weights: Tensor, q0: int = 0, q_offset: int = 0) -> tuple[T
     """
     tq, tk = weights.shape[-2:]
     r0 = _first_row(tq, q_offset, q0)
-    sums = weights[..., r0:, :].sum(-2, dtype=torch.float64)
+    sums = weights[..., r0:, :].sum(-2).double()  # float32 sums over <= a chunk of rows
     first_seen = (torch.arange(tk, device=weights.device) - q_offset).clamp(min=r0, max=tq)
     return sums, tq - first_seen
 
@@ -91,10 +91,8 @@ def sink_output_partial(
     ``value_norm`` (B, H) is ``||v_key||``; ``output`` (B, H, Tq, D) the head's output rows.
     """
     r0 = _first_row(weights.shape[-2], q_offset, max(key, q0))
-    part = (weights[..., r0:, key].double() * value_norm.double()[..., None]).sum(-1)
-    total = torch.linalg.vector_norm(output[..., r0:, :].float(), dim=-1).sum(
-        -1, dtype=torch.float64
-    )
+    part = weights[..., r0:, key].sum(-1).double() * value_norm.double()
+    total = torch.linalg.vector_norm(output[..., r0:, :].float(), dim=-1).double().sum(-1)
     return part, total
 
 
@@ -198,10 +196,14 @@ def sink_positions(
     ``received`` (..., Tk) is averaged over leading dims (layers, heads). Key j is a sink position
     when its mean received attention exceeds ``factor`` times the larger of (a) what causal
     uniform attention would give it (mean over t >= max(j, q0) of 1/(t+1)) and (b) the median over
-    keys. Returns up to ``top`` ``{"position", "mass"}`` by decreasing mass.
+    keys. Only keys seen by at least ``max(16, Tk // 16)`` queries t >= q0 are candidates: the
+    last few keys are seen by a handful of queries that mostly attend locally (diagonal,
+    previous token), which says nothing about sinks. Returns up to ``top`` ``{"position",
+    "mass"}`` by decreasing mass.
     """
     r = received.double().reshape(-1, received.shape[-1]).nanmean(0)  # (Tk,)
     tk = r.shape[0]
+    seen_by = tk - torch.clamp(torch.arange(tk), min=q0)  # queries t >= max(j, q0)
     inv = 1.0 / torch.arange(1, tk + 1, dtype=torch.float64)
     tail = inv.flip(0).cumsum(0).flip(0)  # sum_{t >= j} 1/(t+1)
     start = torch.clamp(torch.arange(tk), min=q0)
@@ -209,7 +211,7 @@ def sink_positions(
         start < tk, tail[start.clamp(max=tk - 1)] / (tk - start).clamp(min=1), torch.nan
     )
     base = torch.maximum(uniform, r.nanmedian().expand(tk)) * factor
-    hits = torch.nonzero(r > base).flatten().tolist()
+    hits = torch.nonzero((r > base) & (seen_by >= max(16, tk // 16))).flatten().tolist()
     hits.sort(key=lambda j: -float(r[j]))
     return [{"position": int(j), "mass": float(r[j])} for j in hits[:top]]
 

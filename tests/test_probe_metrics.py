@@ -1,0 +1,233 @@
+"""Probe metrics as pure functions: hand-built heads, independent loops, chunked == unchunked."""
+
+import itertools
+import math
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from sinklab.errors import SinklabError
+from sinklab.probe import ProbeConfig
+from sinklab.probe import metrics as M
+
+T = 12
+
+
+def causal_random(b: int, h: int, t: int, seed: int = 0) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    s = torch.randn(b, h, t, t, generator=g, dtype=torch.float64) * 2
+    mask = torch.ones(t, t, dtype=torch.bool).tril()
+    return torch.softmax(s.masked_fill(~mask, float("-inf")), -1)  # (B, H, T, T)
+
+
+def pure_sink(t: int = T) -> torch.Tensor:
+    w = torch.zeros(1, 1, t, t, dtype=torch.float64)
+    w[..., 0] = 1.0
+    return w
+
+
+def pure_diagonal(t: int = T) -> torch.Tensor:
+    return torch.eye(t, dtype=torch.float64)[None, None]
+
+
+def prev_token(t: int = T) -> torch.Tensor:
+    w = torch.zeros(t, t, dtype=torch.float64)
+    w[0, 0] = 1.0
+    w[torch.arange(1, t), torch.arange(t - 1)] = 1.0
+    return w[None, None]
+
+
+def uniform(t: int = T) -> torch.Tensor:
+    w = torch.ones(t, t, dtype=torch.float64).tril()
+    return (w / w.sum(-1, keepdim=True))[None, None]
+
+
+def harmonic(a: int, b: int) -> float:
+    return sum(1.0 / k for k in range(a, b + 1))
+
+
+@pytest.mark.parametrize("q0", [0, 3])
+def test_hand_built_heads(q0):
+    n = T - q0
+    # pure sink: all attention on key 0
+    w = pure_sink()
+    assert M.sink_mass(w, q0=q0).item() == pytest.approx(1.0)
+    assert M.diagonal_mass(w, q0=q0).item() == pytest.approx((q0 == 0) / n)
+    assert M.prev_token_mass(w, q0=q0).item() == pytest.approx((q0 <= 1) / (T - max(1, q0)))
+    assert M.mean_entropy(w, q0=q0).item() == pytest.approx(0.0)
+    assert M.received_attention(w, q0=q0)[0, 0, 0].item() == pytest.approx(1.0)
+    assert M.received_attention(w, q0=q0)[0, 0, 1:].abs().max().item() == 0.0
+    # pure diagonal: each token attends to itself
+    w = pure_diagonal()
+    assert M.sink_mass(w, q0=q0).item() == pytest.approx((q0 == 0) / n)
+    assert M.diagonal_mass(w, q0=q0).item() == pytest.approx(1.0)
+    assert M.prev_token_mass(w, q0=q0).item() == pytest.approx(0.0)
+    assert M.mean_entropy(w, q0=q0).item() == pytest.approx(0.0)
+    # previous token
+    w = prev_token()
+    assert M.prev_token_mass(w, q0=q0).item() == pytest.approx(1.0)
+    # uniform causal: A[t, j] = 1 / (t + 1)
+    w = uniform()
+    expect = harmonic(q0 + 1, T) / n
+    assert M.sink_mass(w, q0=q0).item() == pytest.approx(expect)
+    assert M.diagonal_mass(w, q0=q0).item() == pytest.approx(expect)
+    p0 = max(1, q0)
+    assert M.prev_token_mass(w, q0=q0).item() == pytest.approx(harmonic(p0 + 1, T) / (T - p0))
+    ent = sum(math.log(t + 1) for t in range(q0, T)) / n
+    assert M.mean_entropy(w, q0=q0).item() == pytest.approx(ent, rel=1e-6)
+
+
+def test_head_kind_and_sink_rate():
+    sink = torch.tensor([[0.9, 0.05, 0.1, 0.2]])
+    diag = torch.tensor([[0.05, 0.9, 0.1, 0.2]])
+    prev = torch.tensor([[0.0, 0.0, 0.7, 0.1]])
+    assert M.head_kind(sink, diag, prev) == [["sink", "diagonal", "previous-token", "mixed"]]
+    kinds = [M.head_kind(*(x(16) for x in (pure_sink, pure_diagonal, prev_token)))]
+    assert kinds  # shapes (1, 1) -> nested lists
+    per_head = [M.sink_mass(x()).item() for x in (pure_sink, pure_diagonal, prev_token, uniform)]
+    masses = [
+        [M.diagonal_mass(x()).item() for x in (pure_sink, pure_diagonal, prev_token, uniform)]
+    ]
+    prevs = [
+        [M.prev_token_mass(x()).item() for x in (pure_sink, pure_diagonal, prev_token, uniform)]
+    ]
+    assert M.head_kind([per_head], masses, prevs) == [
+        ["sink", "diagonal", "previous-token", "mixed"]
+    ]
+    sm = torch.tensor([[0.9, 0.5], [0.2, float("nan")]])
+    assert M.sink_rate(sm, 0.3) == 0.5 and M.sink_rate(sm, 0.8) == 0.25
+
+
+def test_metrics_equal_explicit_loops():
+    w = causal_random(2, 3, T)
+    q0, key = 2, 1
+    for b in range(2):
+        for h in range(3):
+            a = w[b, h]
+            rows = range(max(key, q0), T)
+            assert M.sink_mass(w, key=key, q0=q0)[b, h] == pytest.approx(
+                sum(a[t, key] for t in rows).item() / len(rows), rel=1e-6
+            )
+            ent = [-(a[t, : t + 1] * a[t, : t + 1].log()).sum().item() for t in range(q0, T)]
+            assert M.mean_entropy(w, q0=q0)[b, h] == pytest.approx(sum(ent) / len(ent), rel=1e-6)
+            for j in range(T):
+                seen = [a[t, j].item() for t in range(max(j, q0), T)]
+                assert M.received_attention(w, q0=q0)[b, h, j] == pytest.approx(
+                    sum(seen) / len(seen), rel=1e-6
+                )
+
+
+def test_value_norm_and_output_share():
+    w = causal_random(1, 2, T, seed=3)
+    v = torch.randn(1, 2, T, 5, dtype=torch.float64)
+    n = v.norm(dim=-1)
+    expect = n[..., 0] / n[..., 1:].mean(-1)
+    torch.testing.assert_close(M.value_norm_ratio(v), expect.float())
+    out = w @ v
+    q0 = 4
+    part = (w[..., q0:, 0] * n[..., :1]).sum(-1)
+    total = out[..., q0:, :].norm(dim=-1).sum(-1)
+    torch.testing.assert_close(M.sink_output_share(w, v, q0=q0), (part / total).float())
+    # a pure sink head's output is v_0 on every row: share 1
+    assert M.sink_output_share(pure_sink(), v[:, :1]).item() == pytest.approx(1.0)
+
+
+def test_hidden_state_metrics_equal_explicit():
+    h = torch.randn(9, 6, dtype=torch.float64)
+    h[0] *= 40
+    u = h / h.norm(dim=-1, keepdim=True)
+    cos = u @ u.T
+    assert M.first_token_cosine(h) == pytest.approx(cos[0, 1:].mean().item())
+    inner = cos[1:, 1:]
+    off = inner[~torch.eye(8, dtype=torch.bool)]
+    assert M.token_similarity(h) == pytest.approx(off.mean().item())
+    full = cos[~torch.eye(9, dtype=torch.bool)]
+    assert M.token_similarity(h, skip_first=False) == pytest.approx(full.mean().item())
+    norms = h.norm(dim=-1)
+    assert M.first_token_norm_ratio(h) == pytest.approx((norms[0] / norms[1:].median()).item())
+    same = torch.ones(5, 3)
+    assert M.token_similarity(same) == pytest.approx(1.0)
+
+
+def test_sink_positions_far_above_uniform_and_median():
+    t = 64
+    w = uniform(t).repeat(1, 4, 1, 1) * 0.5
+    w[..., 0] += 0.4  # sink on key 0
+    w[:, :, 20:, 20] += 0.2  # a secondary sink (a delimiter) at 20
+    rec = M.received_attention(w)[0]
+    found = M.sink_positions(rec)
+    assert [p["position"] for p in found] == [0, 20]
+    assert found[0]["mass"] == pytest.approx(rec[:, 0].mean().item())
+    assert M.sink_positions(M.received_attention(uniform(t))[0]) == []
+
+
+def accumulate(w: torch.Tensor, cuts: list[int], q0: int, trim: bool):
+    """Per-chunk partial sums over row blocks (optionally with causally trimmed keys)."""
+    t = w.shape[-1]
+    sums = {k: 0.0 for k in ("s", "d", "p", "e")}
+    counts = {k: 0 for k in sums}
+    rec, rec_n = torch.zeros((*w.shape[:2], t), dtype=torch.float64), torch.zeros(t)
+    bounds = [0, *cuts, t]
+    for a, b in itertools.pairwise(bounds):
+        c = w[..., a:b, : (b if trim else t)]
+        for k, fn in (
+            ("s", M.sink_mass_partial(c, 0, q0, a)),
+            ("d", M.diagonal_partial(c, q0, a)),
+            ("p", M.prev_token_partial(c, q0, a)),
+            ("e", M.entropy_partial(c, q0, a)),
+        ):
+            sums[k] = sums[k] + fn[0]
+            counts[k] += fn[1]
+        s, n = M.received_partial(c, q0, a)
+        rec[..., : s.shape[-1]] += s
+        rec_n[: s.shape[-1]] += n
+    return {k: sums[k] / counts[k] for k in sums}, rec / rec_n
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    cuts=st.lists(st.integers(1, T - 1), max_size=4, unique=True).map(sorted),
+    q0=st.integers(0, T - 1),
+    trim=st.booleans(),
+)
+def test_chunked_equals_unchunked(cuts, q0, trim):
+    w = causal_random(1, 2, T, seed=5)
+    got, rec = accumulate(w, cuts, q0, trim)
+    torch.testing.assert_close(got["s"].float(), M.sink_mass(w, q0=q0))
+    torch.testing.assert_close(got["d"].float(), M.diagonal_mass(w, q0=q0))
+    if T - max(1, q0) > 0:
+        torch.testing.assert_close(got["p"].float(), M.prev_token_mass(w, q0=q0))
+    torch.testing.assert_close(got["e"].float(), M.mean_entropy(w, q0=q0))
+    torch.testing.assert_close(rec.float(), M.received_attention(w, q0=q0))
+
+
+def test_metrics_are_causal():
+    """Metrics over the first n queries ignore every later row and column."""
+    w, n = causal_random(1, 2, T, seed=7), 7
+    w2 = w.clone()
+    w2[..., n:, :] = causal_random(1, 2, T, seed=8)[..., n:, :]  # another future
+    for fn in (M.sink_mass, M.diagonal_mass, M.prev_token_mass, M.mean_entropy):
+        torch.testing.assert_close(fn(w[..., :n, :]), fn(w2[..., :n, :]))
+        torch.testing.assert_close(fn(w[..., :n, :n]), fn(w2[..., :n, :]))
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "needle"),
+    [
+        ({"eps": (0.3, 1.0)}, "between 0 and 1"),
+        ({"eps": (0.0,)}, "between 0 and 1"),
+        ({"eps": ()}, "eps is empty"),
+        ({"q0": -1}, "q0 must be"),
+        ({"sink_factor": 0.5}, "sink_factor"),
+    ],
+)
+def test_config_rejects_bad_values(kwargs, needle):
+    with pytest.raises(SinklabError, match=needle):
+        ProbeConfig(**kwargs)
+
+
+def test_config_defaults_are_the_contract():
+    c = ProbeConfig()
+    assert c.q0 == 0 and c.eps == (0.3, 0.8)
