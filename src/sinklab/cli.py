@@ -44,6 +44,10 @@ def _register_commands() -> None:
     for module in (info,):
         module.register(app)
     # --- command registrations below (one import + register per command) ---
+    from sinklab.commands import cost, train
+
+    cost.register(app)
+    train.register(app)
     from sinklab.commands import report
 
     report.register(app)

@@ -160,6 +160,8 @@ def _check_causal_lm(config: Any, spec: str) -> None:
 def _load_folder(folder: str, *, dtype: torch.dtype, trust_remote_code: bool, local_only: bool):
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
+    import sinklab.lab.model  # noqa: F401  (registers the lab model type)
+
     try:
         config = AutoConfig.from_pretrained(
             folder, trust_remote_code=trust_remote_code, local_files_only=local_only

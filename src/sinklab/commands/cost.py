@@ -1,0 +1,74 @@
+"""``sinklab cost``: the parameter-norm cost of a sink against a diagonal pattern, against T."""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from sinklab.commands.common import (
+    FormatOpt,
+    OutputFormat,
+    SeedOpt,
+    emit_json,
+    parse_int_list,
+    progress,
+    stderr,
+)
+
+
+class Task(StrEnum):
+    sink = "sink"
+    diagonal = "diagonal"
+    both = "both"
+
+
+def cost(
+    lengths: Annotated[
+        str | None, typer.Option(help="Context lengths T, e.g. 16,32,64,128,256,512.")
+    ] = None,
+    task: Annotated[Task, typer.Option(help="Pattern(s) to fit.")] = Task.both,
+    accuracy: Annotated[float, typer.Option(help="Min attention on the target key.")] = 0.9,
+    dim: Annotated[int | None, typer.Option(help="Embedding dim (default: T).")] = None,
+    seed: SeedOpt = 0,
+    out: Annotated[Path, typer.Option("--out", "-o", help="Output folder.")] = Path("lab-cost"),
+    fmt: FormatOpt = OutputFormat.text,
+) -> None:
+    """Fit one attention layer to a sink and a diagonal pattern at each T with the smallest norm.
+
+    Example: sinklab cost --lengths 16,32,64,128,256 --task both
+    """
+    from sinklab.lab.cost import DEFAULT_LENGTHS, TASKS, CostConfig, run_cost
+    from sinklab.lab.plots import plot_cost
+    from sinklab.meta import write_json_atomic
+
+    tasks = TASKS if task is Task.both else (task.value,)
+    ts = tuple(parse_int_list(lengths, "--lengths") or DEFAULT_LENGTHS)
+    config = CostConfig(lengths=ts, tasks=tasks, accuracy=accuracy, dim=dim, seed=seed)
+    with progress(fmt is OutputFormat.text) as prog:
+        bar = prog.add_task("fitting", total=len(ts) * len(tasks), status="")
+        result = run_cost(
+            config,
+            callback=lambda r: (
+                prog.advance(bar) or prog.update(bar, status=f"{r['task']} T={r['T']}")
+            ),
+        )
+    write_json_atomic(out / "cost.json", result.to_json())
+    plot_cost(result.rows, result.fits, out / "cost.png")
+    if fmt is OutputFormat.json:
+        emit_json(result.to_json())
+        return
+    for name, fits in result.fits.items():
+        f, n = fits.get("fro_total"), fits.get("nuc_total")
+        stderr.print(
+            f"{name}: Frobenius ~ T^{f['exponent']:.2f} (R2 {f['r2']:.2f}), "
+            f"nuclear ~ T^{n['exponent']:.2f} (R2 {n['r2']:.2f})"
+        )
+    bad = [f"{r['task']}@{r['T']}" for r in result.rows if not r["realised"]]
+    stderr.print(f"realised at every T: {not bad} {bad or ''}; wrote {out}/cost.json, cost.png")
+
+
+def register(app: typer.Typer) -> None:
+    app.command("cost")(cost)

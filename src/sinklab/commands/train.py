@@ -1,0 +1,94 @@
+"""``sinklab train``: train a tiny lab decoder (or a sweep of them) and watch sinks emerge."""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from sinklab.commands.common import FormatOpt, OutputFormat, SeedOpt, emit_json, progress, stderr
+
+
+class Sweep(StrEnum):
+    variants = "variants"
+    data = "data"
+
+
+def train(
+    variant: Annotated[
+        str, typer.Option(help="Attention: softmax, softmax1, sink, gated, sigmoid.")
+    ] = "softmax",
+    data: Annotated[str, typer.Option(help="Data: bos, packed, packed-bos, doc-mask.")] = "bos",
+    preset: Annotated[str, typer.Option(help="Defaults: cpu (minutes on 2 cores) or gpu.")] = "cpu",
+    steps: Annotated[int | None, typer.Option(help="Optimizer steps.")] = None,
+    layers: Annotated[int | None, typer.Option(help="Transformer blocks.")] = None,
+    d_model: Annotated[int | None, typer.Option(help="Residual width.")] = None,
+    heads: Annotated[int | None, typer.Option(help="Attention heads.")] = None,
+    seq_len: Annotated[int | None, typer.Option(help="Training sequence length (tokens).")] = None,
+    batch_size: Annotated[int | None, typer.Option(help="Sequences per step.")] = None,
+    vocab_size: Annotated[int | None, typer.Option(help="BPE vocabulary size.")] = None,
+    device: Annotated[str | None, typer.Option(help="cpu or cuda.")] = None,
+    seed: SeedOpt = 0,
+    sweep: Annotated[
+        Sweep | None, typer.Option(help="Train every variant (or data strategy) and compare.")
+    ] = None,
+    out: Annotated[Path, typer.Option("--out", "-o", help="Output folder.")] = Path("lab-runs"),
+    fmt: FormatOpt = OutputFormat.text,
+) -> None:
+    """Train a tiny decoder, probe sinks at each checkpoint, write train.json and figures.
+
+    Examples: sinklab train --variant softmax1 --data packed --steps 600;
+    sinklab train --sweep variants --steps 400; sinklab train --preset gpu --sweep data
+    """
+    from sinklab.lab.sweep import run_sweep
+    from sinklab.lab.train import preset as make_preset
+    from sinklab.lab.train import train as run_train
+
+    sizes = {
+        "steps": steps,
+        "layers": layers,
+        "d_model": d_model,
+        "heads": heads,
+        "seq_len": seq_len,
+        "batch_size": batch_size,
+        "vocab_size": vocab_size,
+        "device": device,
+    }
+    overrides = {k: v for k, v in sizes.items() if v is not None}
+    config = make_preset(preset, variant=variant, data=data, seed=seed, **overrides)
+    with progress(fmt is OutputFormat.text) as prog:
+        if sweep is None:
+            task = prog.add_task(f"{config.variant}/{config.data}", total=config.steps, status="")
+            result = run_train(
+                config,
+                out,
+                callback=lambda s, loss: prog.update(task, completed=s, status=f"loss {loss:.3f}"),
+            )
+            summary = {"out": str(out), "val": result.val, "last": result.checkpoints[-1]}
+        else:
+            tasks: dict[str, int] = {}
+
+            def cb(name: str, s: int, loss: float) -> None:
+                if name not in tasks:
+                    tasks[name] = prog.add_task(name, total=config.steps, status="")
+                prog.update(tasks[name], completed=s, status=f"loss {loss:.3f}")
+
+            result = run_sweep(sweep.value, config, out, callback=cb)
+            summary = {"out": str(out), "rows": result.rows}
+    if fmt is OutputFormat.json:
+        emit_json(summary)
+    elif sweep is not None:
+        stderr.print(result.table())
+        stderr.print(f"wrote {out}/sweep.json, sweep.md, sweep.png")
+    else:
+        v = result.val
+        stderr.print(
+            f"sink rate {result.checkpoints[-1]['sink_rate']}; val PPL {v['ppl_with_first']:.2f} "
+            f"with the first token, {v['ppl_without_first']:.2f} without; wrote {out}/train.json"
+        )
+
+
+def register(app: typer.Typer) -> None:
+    app.command("train")(train)

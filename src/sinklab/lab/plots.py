@@ -1,0 +1,96 @@
+"""Lab figures (matplotlib, Agg). Each takes data and a path, saves the PNG and the plotted
+numbers as JSON beside it (same stem, ``.json``), and returns the figure."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+from matplotlib.figure import Figure
+
+from sinklab.meta import write_json_atomic
+
+
+def _save(fig: Figure, path: Path, numbers: Any) -> Figure:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    write_json_atomic(path.with_suffix(".json"), numbers)
+    return fig
+
+
+def plot_loss(loss: Sequence[tuple[int, float]], path: Path, *, title: str = "") -> Figure:
+    """Training loss (nats/token) against step."""
+    fig, ax = plt.subplots(figsize=(6, 4))
+    steps, values = [s for s, _ in loss], [v for _, v in loss]
+    ax.plot(steps, values, lw=0.8)
+    ax.set(xlabel="step", ylabel="training loss (nats / token)", title=f"loss: {title}")
+    ax.grid(alpha=0.3)
+    return _save(fig, path, {"step": steps, "loss": values, "title": title})
+
+
+def plot_sink_emergence(
+    checkpoints: Sequence[dict[str, Any]], path: Path, *, title: str = ""
+) -> Figure:
+    """Sink rate (eps 0.3, 0.8) and mean first-token sink mass against checkpoint step."""
+    steps = [c["step"] for c in checkpoints]
+    numbers: dict[str, Any] = {"step": steps, "title": title, "q0": 0}
+    fig, ax = plt.subplots(figsize=(6, 4))
+    x = [max(s, 0.5) for s in steps]  # log axis: step 0 drawn at 0.5
+    for eps in checkpoints[0]["sink_rate"] if checkpoints else []:
+        rate = [c["sink_rate"][eps] for c in checkpoints]
+        numbers[f"sink_rate@{eps}"] = rate
+        ax.plot(x, rate, marker="o", label=f"sink rate (eps {eps})")
+    mass = [c["first_token_sink_mass"] for c in checkpoints]
+    numbers["first_token_sink_mass"] = mass
+    ax.plot(x, mass, marker="s", ls="--", label="mean first-token sink mass")
+    ax.set_xscale("log")
+    ax.set(xlabel="training step (0 shown at 0.5)", ylabel="fraction", ylim=(-0.02, 1.02))
+    ax.set_title(f"sink emergence: {title} (q0 = 0)")
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3)
+    return _save(fig, path, numbers)
+
+
+def plot_sweep(rows: Sequence[dict[str, Any]], path: Path, *, title: str = "") -> Figure:
+    """Per run: sink rate (eps 0.3 / 0.8), first-token mass, and BOS/first-token-removal damage."""
+    names = [r["name"] for r in rows]
+    fig, (a1, a2) = plt.subplots(1, 2, figsize=(10, 4))
+    x = range(len(rows))
+    keys = ("sink_rate@0.3", "sink_rate@0.8", "first_token_sink_mass")
+    for i, key in enumerate(keys):
+        a1.bar([j + (i - 1) * 0.27 for j in x], [r[key] for r in rows], width=0.27, label=key)
+    a1.set_xticks(list(x), names, rotation=20)
+    a1.set(ylabel="fraction of heads / mean mass", title=f"sinks: {title}", ylim=(0, 1.05))
+    a1.legend(fontsize=8)
+    a2.bar(list(x), [100 * r["damage"] for r in rows], color="tab:red")
+    a2.set_xticks(list(x), names, rotation=20)
+    a2.set(ylabel="PPL increase without first token (%)", title="first-token / BOS removal damage")
+    for ax in (a1, a2):
+        ax.grid(alpha=0.3, axis="y")
+    return _save(fig, path, {"rows": list(rows), "title": title})
+
+
+def plot_cost(rows: Sequence[dict[str, Any]], fits: dict[str, Any], path: Path) -> Figure:
+    """Log-log norm of the fitted layer against T, per pattern, with the fitted power laws."""
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
+    for ax, norm in zip(axes, ("fro", "nuc"), strict=True):
+        for task in sorted({r["task"] for r in rows}):
+            sub = [r for r in rows if r["task"] == task]
+            t = [r["T"] for r in sub]
+            y = [r[f"{norm}_total"] for r in sub]
+            fit = fits[task][f"{norm}_total"]
+            ax.loglog(t, y, "o", label=f"{task}: T^{fit['exponent']:.2f}")
+            ax.loglog(t, [fit["coef"] * tt ** fit["exponent"] for tt in t], "--", lw=0.8)
+        name = "Frobenius" if norm == "fro" else "nuclear"
+        ax.set(xlabel="context length T (tokens)", ylabel=f"{name} norm ||W_QK|| + ||W_VO||")
+        ax.set_title(f"cost of a pattern ({name})")
+        ax.legend(fontsize=8)
+        ax.grid(alpha=0.3, which="both")
+    return _save(fig, path, {"rows": list(rows), "fits": fits})
