@@ -327,24 +327,21 @@ def _with_sink_key(
     ``is_causal`` lets query ``i`` see the sink and keys ``0..i``; else the sink key goes last.
     Returns q ``(B, H, Tq (+1), D + p)``, k/v ``(B, Hkv, Tk + 1, D + p)``.
     """
-    b, h, tq, d = q.shape
-    hkv, tk, dv = k.shape[1], k.shape[2], v.shape[-1]
+    d, tk, dv = q.shape[-1], k.shape[-2], v.shape[-1]
     zero = not isinstance(sink_logit, Tensor) and float(sink_logit) == 0.0
     width = max(d, dv) + (0 if zero else _sink_pad_width(max(d, dv), q.device))
-    first, sink = (1, 0) if prepend else (0, tk)  # first real q/k row; the sink key's row
-    # one copy each into zeroed buffers; equal q/k/v head dims keep the fused kernel
-    q2 = q.new_zeros(b, h, first + tq, width)  # (B, H, Tq (+1), D + p)
-    k2 = k.new_zeros(b, hkv, tk + 1, width)  # (B, Hkv, Tk + 1, D + p)
-    v2 = v.new_zeros(b, hkv, tk + 1, width)  # (B, Hkv, Tk + 1, D + p), the sink's value is 0
-    q2[:, :, first:, :d] = q
-    k2[:, :, first : first + tk, :d] = k
-    v2[:, :, first : first + tk, :dv] = v
+    rows = (1, 0) if prepend else (0, 1)  # zero rows (before, after) along T for k and v
+    sink = 0 if prepend else tk  # the sink key's row
+    # F.pad: one zero-filled copy each; equal q/k/v head dims keep the fused kernel
+    q2 = F.pad(q, (0, width - d, rows[0], 0))  # (B, H, Tq (+1), D + p), dummy query row 0
+    k2 = F.pad(k, (0, width - d, *rows))  # (B, Hkv, Tk + 1, D + p), sink key of zeros so far
+    v2 = F.pad(v, (0, width - dv, *rows))  # (B, Hkv, Tk + 1, D + p), the sink's value is 0
     if not zero:
         lam = torch.as_tensor(sink_logit, device=q.device).to(q.dtype)  # differentiable
         # +-1e3 is beyond float32 exp range: same weights, and no inf * 0 = NaN in q @ k^T
         lam = lam.clamp(-1e3, 1e3)
         lam = lam.view(1, -1, 1) if lam.ndim == 1 else lam  # (1, H, 1) or scalar
-        q2[:, :, first:, max(d, dv)] = lam / scale
+        q2[:, :, rows[0] :, max(d, dv)] = lam / scale
         k2[:, :, sink, max(d, dv)] = 1.0
     return q2, k2, v2
 
