@@ -41,6 +41,14 @@ def report(
             "See the page's section ids, e.g. probe,stream,first-token.",
         ),
     ] = None,
+    overrides: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--set",
+            help="Override one size, KEY=VALUE (repeatable), e.g. --set window=508 "
+            "--set probe_lengths=128,1024. Keys: the fields of ReportConfig.",
+        ),
+    ] = None,
     trust_remote_code: TrustOpt = False,
 ) -> None:
     """Run the probe, streaming perplexity and ablations, and write one self-contained page.
@@ -52,9 +60,10 @@ def report(
     Example: sinklab report --quick --out my-report
     """
     from sinklab.report import ReportConfig, build_report, check_out_dir, select_stages
+    from sinklab.report.stages import parse_overrides
 
     chosen = select_stages(stages.split(",") if stages is not None else None)
-    config = ReportConfig.preset(quick)
+    config = ReportConfig.preset(quick, **parse_overrides(overrides or []))
     out = out.expanduser().resolve()
     check_out_dir(out)  # cheap checks first: a bad folder fails before the model loads
     try:

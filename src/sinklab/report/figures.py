@@ -59,6 +59,7 @@ def curves(
     ylabel: str,
     logy: bool = False,
     hline: float | None = None,
+    vline: float | None = None,
 ) -> Path:
     """One line per series over a shared x axis (series may be shorter than x)."""
     fig, ax = plt.subplots(figsize=(6.4, 3.8))
@@ -67,6 +68,8 @@ def curves(
         ax.plot(xs, ys, marker="o" if len(xs) <= 40 else None, ms=3, label=name)
     if hline is not None:
         ax.axhline(hline, color="0.6", lw=0.8, ls="--")
+    if vline is not None:
+        ax.axvline(vline, color="0.6", lw=0.8, ls="--")
     if logy:
         ax.set_yscale("log")
     if all(float(v).is_integer() for v in x):

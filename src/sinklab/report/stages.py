@@ -18,8 +18,8 @@ from __future__ import annotations
 
 import time
 import traceback
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -94,6 +94,30 @@ class ReportConfig:
         else:
             base = {}
         return cls(**{**base, **overrides})
+
+
+def parse_overrides(items: Sequence[str]) -> dict[str, Any]:
+    """``["window=252", "probe_lengths=128,512"]`` -> typed ReportConfig overrides (one-line
+    SinklabError for an unknown key or a bad value)."""
+    types = {f.name: f.type for f in fields(ReportConfig) if f.name not in ("quick", "stages")}
+    out: dict[str, Any] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        key = key.strip().replace("-", "_")
+        if not sep or key not in types:
+            raise SinklabError(
+                f"--set {item!r}: expected KEY=VALUE with KEY one of {', '.join(types)}"
+            )
+        try:
+            if "tuple" in str(types[key]):
+                out[key] = tuple(int(v) for v in value.split(",") if v.strip())
+            elif "float" in str(types[key]):
+                out[key] = float(value)
+            else:
+                out[key] = int(value)
+        except ValueError:
+            raise SinklabError(f"--set {item!r}: {value!r} is not a valid {key}") from None
+    return out
 
 
 @dataclass(frozen=True)

@@ -111,20 +111,29 @@ def length_sentence(lengths: dict[str, Any], config: ReportConfig) -> str | None
 
 
 def stream_sentence(stream: dict[str, Any], config: ReportConfig) -> str | None:
-    pol = stream.get("policies", stream)
-    ppl = {k: float(v["ppl"]) for k, v in pol.items() if isinstance(v, dict) and "ppl" in v}
+    pol = stream["policies"]
+    ppl = {k: float(v["ppl"]) for k, v in pol.items()}
     if "sink" not in ppl or "window" not in ppl:
         return None
-    others = ", ".join(f"{k} {_num(ppl[k])}" for k in ("recompute", "dense") if k in ppl)
-    ratio = ppl["window"] / ppl["sink"] if ppl["sink"] else float("nan")
-    meta = stream.get("meta", {}).get("params", {})
-    n_sink = meta.get("n_sink", config.n_sink)
-    window = meta.get("window", config.window)
-    return (
-        f"Streaming with {n_sink} sinks + a {window}-token window keeps perplexity at "
-        f"{_num(ppl['sink'])}; evicting the sinks (window only) gives {_num(ppl['window'])}, "
-        f"{ratio:.2f}x worse" + (f" (for reference: {others})." if others else ".")
+    params = stream.get("meta", {}).get("params", {})
+    n_sink = params.get("n_sink", config.n_sink)
+    window = params.get("window", config.window)
+    tokens = stream.get("meta", {}).get("n_tokens", len(pol["sink"].get("nll", [])) + 1)
+    ratio = ppl["window"] / ppl["sink"]
+    verdict = "worse" if ratio > 1.05 else "better" if ratio < 0.95 else "about the same"
+    out = (
+        f"Streaming {tokens} tokens with {n_sink} sinks + a {window}-token window gives perplexity "
+        f"{_num(ppl['sink'])}; the same memory without sinks (window only) gives "
+        f"{_num(ppl['window'])} ({ratio:.2f}x, {verdict})"
     )
+    out += f", and the full dense cache {_num(ppl['dense'])}." if "dense" in ppl else "."
+    sub = stream.get("on_recompute_targets")
+    if sub and "recompute" in sub["ppl"]:
+        out += (
+            f" On the {sub['n_scored']} targets the recompute oracle scored: sink "
+            f"{_num(sub['ppl']['sink'])} vs recompute {_num(sub['ppl']['recompute'])}."
+        )
+    return out
 
 
 def _sentence_or_none(fn: Callable[..., str | None], data: Any, config: ReportConfig) -> str | None:
