@@ -51,6 +51,9 @@ def _register_commands() -> None:
     from sinklab.commands import report
 
     report.register(app)
+    from sinklab.commands import probe as probe_command
+
+    probe_command.register(app)
 
 
 _register_commands()
