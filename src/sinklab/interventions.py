@@ -339,11 +339,15 @@ def jacobian_sensitivity(
     gen = torch.Generator().manual_seed(seed)
     keys = torch.tensor(list(key_pos))
     result = torch.zeros(len(query_pos), len(key_pos), dtype=torch.float64)
+    masked = set().union(*(h.positions for h in handlers if isinstance(h, MaskSink)))
     with sinklab_attention(model, *handlers), torch.enable_grad():
         for a, t in enumerate(query_pos):
-            x = emb[:, : t + 1].clone().requires_grad_(True)
+            n = t + 1  # a prefix suffices (causal), but not one made only of masked positions
+            while n < ids.shape[-1] and set(range(n)) <= masked:
+                n += 1
+            x = emb[:, :n].clone().requires_grad_(True)
             h = _final_hidden(model, x, layer)[0, t]  # (d,)
-            sq = torch.zeros(t + 1, dtype=torch.float64)
+            sq = torch.zeros(n, dtype=torch.float64)
             n_vec = d if probes is None else int(probes)
             for s in range(0, n_vec, batch):
                 k = min(batch, n_vec - s)
@@ -354,7 +358,7 @@ def jacobian_sensitivity(
                     cot = (torch.randint(0, 2, (k, d), generator=gen) * 2 - 1).to(h.dtype)
                 (g,) = torch.autograd.grad(
                     h, x, grad_outputs=cot, is_grads_batched=True, retain_graph=True
-                )  # (k, 1, t+1, d)
+                )  # (k, 1, n, d)
                 sq += g.double().pow(2).sum(dim=(0, 1, 3))
             if probes is not None:
                 sq /= float(probes)

@@ -1,0 +1,309 @@
+"""The five experiments. Each returns ``(conditions, extra, finding)``; the finding is computed
+from the numbers, and says so when a seed's claim does not hold on this model and text."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from sinklab.ablate.core import AblationConfig, ProgressCallback, mean, model_shape, thirds
+from sinklab.ablate.perplexity import perplexity
+from sinklab.errors import SinklabError
+from sinklab.interventions import (
+    AttentionMix,
+    MaskSink,
+    first_token,
+    intervene,
+    jacobian_sensitivity,
+)
+from sinklab.probe import ProbeConfig, ProbeResult, probe
+from sinklab.probe.core import eps_key
+from sinklab.probe.metrics import HEAD_KINDS
+
+Out = tuple[dict[str, dict[str, Any]], dict[str, Any], str]
+
+
+def _tick(callback: ProgressCallback | None, done: int, total: int) -> None:
+    if callback is not None:
+        callback(done, total)
+
+
+def _probe(model: nn.Module, ids: Tensor, config: AblationConfig) -> ProbeResult:
+    return probe(model, ids, ProbeConfig(q0=config.q0, eps=config.eps))
+
+
+def _sink_numbers(res: ProbeResult) -> dict[str, Any]:
+    mass = res.sink_mass  # (L, H)
+    return {
+        **{f"sink_rate@{k}": v for k, v in res.sink_rate.items()},
+        "mean_sink_mass": mean(mass),
+        "sink_mass_by_layer": [mean(row) for row in mass],
+    }
+
+
+def _pct(new: float, old: float) -> str:
+    return f"{100.0 * (new - old) / old:+.0f}%" if old else "n/a"
+
+
+# --------------------------------------------------------------------------- first-token
+def first_token_experiment(
+    model: nn.Module, tokenizer: Any, ids: Tensor, config: AblationConfig, callback=None
+) -> Out:
+    conditions: dict[str, dict[str, Any]] = {}
+    skipped: dict[str, str] = {}
+    for n, mode in enumerate(config.modes):
+        try:
+            edit = first_token(ids, mode, tokenizer, seed=config.seed)
+        except SinklabError as exc:  # e.g. "\n" is not one token for this tokenizer
+            skipped[mode] = str(exc)
+            continue
+        ppl = perplexity(model, edit.ids, config.first_target + edit.shift)
+        conditions[mode] = {
+            **edit.to_json(),
+            **ppl.to_json(),
+            **_sink_numbers(_probe(model, edit.ids, config)),
+        }
+        _tick(callback, n + 1, len(config.modes))
+    key = f"sink_rate@{eps_key(config.eps[0])}"
+    base = conditions.get("keep") or next(iter(conditions.values()))
+    base_name = "keep" if "keep" in conditions else next(iter(conditions))
+    parts = [
+        f"{m}: perplexity {c['perplexity']:.2f} ({_pct(c['perplexity'], base['perplexity'])}), "
+        f"{key} {c[key]:.2f}"
+        for m, c in conditions.items()
+        if m != base_name
+    ]
+    rates = {m: c[key] for m, c in conditions.items()}
+    lo, hi = min(rates, key=rates.get), max(rates, key=rates.get)
+    spread = rates[hi] - rates[lo]
+    verdict = (
+        f"no sink heads ({key} = 0) in any mode"
+        if rates[hi] == 0
+        else f"the sink forms whatever token comes first ({key} within {spread:.2f} across modes)"
+        if spread <= 0.1
+        else f"the sink depends on the first token ({key} from {rates[lo]:.2f} with {lo} "
+        f"to {rates[hi]:.2f} with {hi})"
+    )
+    finding = (
+        f"with the first token kept perplexity is {base['perplexity']:.2f} and {key} "
+        f"{base[key]:.2f}; " + "; ".join(parts) + f"; {verdict}"
+    )
+    return conditions, {"skipped": skipped, "layers": model_shape(model)[0]}, finding
+
+
+# --------------------------------------------------------------------------- mask-sink
+def _layer_conditions(model: nn.Module, config: AblationConfig) -> dict[str, tuple[int, ...]]:
+    n_layers, _ = model_shape(model)
+    groups = {"all layers": config.layers or tuple(range(n_layers))}
+    groups.update(thirds(n_layers))
+    return groups
+
+
+def mask_sink_experiment(
+    model: nn.Module, tokenizer: Any, ids: Tensor, config: AblationConfig, callback=None
+) -> Out:
+    pos = frozenset(config.positions)
+    heads = frozenset(config.heads) if config.heads else None
+    plan: dict[str, tuple[int, ...] | None] = {"never": None, **_layer_conditions(model, config)}
+    conditions: dict[str, dict[str, Any]] = {}
+    for n, (name, layers) in enumerate(plan.items()):
+        handlers = [] if layers is None else [MaskSink(frozenset(layers), heads, pos)]
+        with intervene(model, *handlers):
+            ppl = perplexity(model, ids, config.first_target)
+            res = _probe(model, ids, config)
+        conditions[name] = {
+            "layers": list(layers or ()),
+            **ppl.to_json(),
+            "token_similarity": list(res.token_similarity),
+            "mean_token_similarity": mean(res.token_similarity),
+            **_sink_numbers(res),
+        }
+        _tick(callback, n + 1, len(plan))
+    never, full = conditions["never"], conditions["all layers"]
+    parts = ", ".join(
+        f"{k}: {c['perplexity']:.2f}" for k, c in conditions.items() if k.endswith("third")
+    )
+    direction = "raises" if full["perplexity"] > never["perplexity"] else "lowers"
+    sim = "raises" if full["mean_token_similarity"] > never["mean_token_similarity"] else "lowers"
+    finding = (
+        f"masking the sink (positions {sorted(pos)}) in all layers {direction} perplexity from "
+        f"{never['perplexity']:.2f} to {full['perplexity']:.2f} ({parts}) and {sim} mean token "
+        f"similarity from {never['mean_token_similarity']:.3f} to "
+        f"{full['mean_token_similarity']:.3f}"
+    )
+    return conditions, {"positions": sorted(pos)}, finding
+
+
+# --------------------------------------------------------------------------- density
+def density_experiment(
+    model: nn.Module, tokenizer: Any, ids: Tensor, config: AblationConfig, callback=None
+) -> Out:
+    n_layers, _ = model_shape(model)
+    layers = frozenset(config.layers) if config.layers else None
+    heads = frozenset(config.heads) if config.heads else None
+    conditions: dict[str, dict[str, Any]] = {}
+    plan: list[float | None] = [None, *config.lams]
+    for n, lam in enumerate(plan):
+        handlers = [] if lam is None else [AttentionMix(layers, heads, float(lam))]
+        with intervene(model, *handlers):
+            ppl = perplexity(model, ids, config.first_target)
+            res = _probe(model, ids, config)
+        sim = list(res.token_similarity)
+        groups = {
+            f"similarity ({g})": mean([sim[i] for i in ls]) for g, ls in thirds(n_layers).items()
+        }
+        conditions["unmodified" if lam is None else f"lam={lam:g}"] = {
+            "lam": lam,
+            **ppl.to_json(),
+            "token_similarity": sim,
+            "mean_token_similarity": mean(sim),
+            **groups,
+        }
+        _tick(callback, n + 1, len(plan))
+    curve = [conditions[f"lam={lam:g}"]["mean_token_similarity"] for lam in config.lams]
+    lo, hi = curve[0], curve[-1]
+    steps = [b - a for a, b in itertools.pairwise(curve)]
+    if hi > lo and all(s >= 0 for s in steps):
+        verdict = "rises monotonically, as seed 004 says (denser attention oversmooths)"
+    elif hi > lo:
+        verdict = "rises overall but not monotonically (seed 004's claim holds only in trend)"
+    else:
+        verdict = "does not rise: seed 004's claim does not hold here"
+    first, last = (conditions[f"lam={lam:g}"] for lam in (config.lams[0], config.lams[-1]))
+    unmodified = conditions["unmodified"]["mean_token_similarity"]
+    finding = (
+        f"mean token similarity goes from {lo:.3f} at lam={config.lams[0]:g} to {hi:.3f} at "
+        f"lam={config.lams[-1]:g} (unmodified model {unmodified:.3f}) and {verdict}; "
+        f"perplexity {first['perplexity']:.1f} -> {last['perplexity']:.1f}"
+    )
+    return conditions, {"lams": list(config.lams), "groups": thirds(n_layers)}, finding
+
+
+# --------------------------------------------------------------------------- sensitivity
+def grid_positions(n_tokens: int, n: int) -> list[int]:
+    """``n`` evenly spaced positions in 0..n_tokens-1 (both ends included)."""
+    return sorted({round(x) for x in torch.linspace(0, n_tokens - 1, n).tolist()})
+
+
+def by_distance(s: Tensor, t: list[int], i: list[int]) -> dict[str, float]:
+    """Mean of ``s[a, b]`` over grid cells with the same distance ``t - i >= 0``."""
+    out: dict[int, list[float]] = {}
+    for a, ta in enumerate(t):
+        for b, ib in enumerate(i):
+            if ta >= ib:
+                out.setdefault(ta - ib, []).append(float(s[a, b]))
+    return {str(d): sum(v) / len(v) for d, v in sorted(out.items())}
+
+
+def sensitivity_experiment(
+    model: nn.Module, tokenizer: Any, ids: Tensor, config: AblationConfig, callback=None
+) -> Out:
+    pos = grid_positions(int(ids.shape[-1]), config.grid)
+    probes = config.probes or None
+    heads = frozenset(config.heads) if config.heads else None
+    layers = frozenset(config.layers) if config.layers else None
+    plan = {"sink": (), "sink masked": (MaskSink(layers, heads, frozenset(config.positions)),)}
+    conditions: dict[str, dict[str, Any]] = {}
+    mats: dict[str, list] = {}
+    for n, (name, handlers) in enumerate(plan.items()):
+
+        def inner(done: int, total: int, n: int = n) -> None:
+            _tick(callback, n * total + done, 2 * total)
+
+        for h in handlers:
+            h.check(model)
+        s = jacobian_sensitivity(
+            model,
+            ids,
+            pos,
+            pos,
+            handlers=handlers,
+            probes=probes,
+            seed=config.seed,
+            callback=inner,
+            batch=8 if probes else 64,
+        )
+        off = [
+            (a, b)
+            for a, ta in enumerate(pos)
+            for b, ib in enumerate(pos)
+            if ta > ib and ib not in config.positions
+        ]
+        conditions[name] = {
+            "mean_sensitivity": mean([float(s[a, b]) for a, b in off]),
+            "mean_self_sensitivity": mean(torch.diagonal(s)),
+            "mean_sensitivity_to_sink": mean(
+                [
+                    float(s[a, pos.index(p)])
+                    for p in config.positions
+                    if p in pos
+                    for a in range(1, len(pos))
+                ]
+            ),
+            "by_distance": by_distance(s, pos, pos),
+        }
+        mats[name] = s.tolist()
+    a, b = conditions["sink"]["mean_sensitivity"], conditions["sink masked"]["mean_sensitivity"]
+    verdict = (
+        "as seed 002 says, the sink damps sensitivity (over-mixing)"
+        if b > a
+        else "seed 002's claim (the sink damps sensitivity) does not hold here"
+    )
+    how = "exact Frobenius norms" if probes is None else f"Hutchinson estimate, {probes} probes"
+    finding = (
+        f"masking the sink changes the mean ||d h_L[t]/d x_i|| over t > i >= 1 from {a:.4g} "
+        f"to {b:.4g} (x{b / a:.2f}, {how}): {verdict}"
+    )
+    extra = {"positions": pos, "norm": "frobenius", "method": how, "matrices": mats}
+    return conditions, extra, finding
+
+
+# --------------------------------------------------------------------------- geometry
+def geometry_experiment(
+    model: nn.Module, tokenizer: Any, ids: Tensor, config: AblationConfig, callback=None
+) -> Out:
+    n_layers, n_heads = model_shape(model)
+    conditions: dict[str, dict[str, Any]] = {}
+    for n, row in enumerate(ids):
+        res = _probe(model, row, config)
+        census = {
+            kind: [sum(k == kind for k in layer) for layer in res.head_kind] for kind in HEAD_KINDS
+        }
+        conditions[f"text {n}"] = {
+            "first_token_cosine": list(res.first_token_cosine),
+            "head_kind_census": census,
+            "head_kind": res.head_kind,
+        }
+        _tick(callback, n + 1, len(ids))
+    cos = torch.tensor([c["first_token_cosine"] for c in conditions.values()])  # (B, L)
+    middle = list(thirds(n_layers).get("middle third", ())) or list(range(n_layers))
+    mid = cos[:, middle]
+    n_pos = int((mid > 0).sum())
+    kinds = [k for c in conditions.values() for layer in c["head_kind"] for k in layer]
+    counts = {k: kinds.count(k) for k in sorted(set(kinds))}
+    verdict = (
+        "<= 0 everywhere, as seed 004 says"
+        if n_pos == 0
+        else f"> 0 in {n_pos} of {mid.numel()} (text, layer) cells: seed 004's claim does not "
+        "hold here"
+    )
+    finding = (
+        f"first-token cosine in the middle layers {middle[0]}..{middle[-1]} over {len(ids)} texts "
+        f"ranges {float(mid.min()):.3f}..{float(mid.max()):.3f} (mean {float(mid.mean()):.3f}): "
+        f"{verdict}; head kinds over all texts: " + ", ".join(f"{k} {v}" for k, v in counts.items())
+    )
+    extra = {"mean_first_token_cosine": cos.mean(0).tolist(), "n_heads": n_heads}
+    return conditions, extra, finding
+
+
+RUNNERS: dict[str, Callable[..., Out]] = {
+    "first-token": first_token_experiment,
+    "mask-sink": mask_sink_experiment,
+    "density": density_experiment,
+    "sensitivity": sensitivity_experiment,
+    "geometry": geometry_experiment,
+}

@@ -1,0 +1,131 @@
+"""``sinklab ablate``: run one causal experiment, write ``DIR/ablate.json`` and its figure."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from sinklab.commands.common import (
+    FormatOpt,
+    ModelOpt,
+    OutDirOpt,
+    OutputFormat,
+    SeedOpt,
+    TextOpt,
+    TrustOpt,
+    emit_json,
+    parse_int_list,
+    progress,
+    stderr,
+)
+from sinklab.errors import SinklabError
+
+
+def _floats(value: str | None, name: str) -> tuple[float, ...] | None:
+    if value is None:
+        return None
+    try:
+        return tuple(float(p) for p in value.split(",") if p.strip())
+    except ValueError:
+        raise SinklabError(f"{name} must be comma-separated numbers, got {value!r}") from None
+
+
+def _ints(value: str | None, name: str) -> tuple[int, ...] | None:
+    parsed = parse_int_list(value, name)
+    return None if parsed is None else tuple(parsed)
+
+
+def ablate(
+    experiment: Annotated[
+        str,
+        typer.Option(
+            "--experiment",
+            "-e",
+            help="first-token | mask-sink | density | sensitivity | geometry",
+        ),
+    ],
+    model: ModelOpt = None,
+    text: TextOpt = None,
+    tokens: Annotated[int, typer.Option("--tokens", "-n", help="Input length T.")] = 256,
+    out: OutDirOpt = Path("sinklab-ablate"),
+    fmt: FormatOpt = OutputFormat.text,
+    positions: Annotated[
+        str, typer.Option(help="Sink key positions to mask, e.g. 0 or 0,1.")
+    ] = "0",
+    layers: Annotated[
+        str | None, typer.Option(help="Layers to intervene on (default all).")
+    ] = None,
+    heads: Annotated[str | None, typer.Option(help="Heads to intervene on (default all).")] = None,
+    lams: Annotated[str | None, typer.Option(help="density: lam values in [0, 1].")] = None,
+    grid: Annotated[int, typer.Option(help="sensitivity: grid x grid positions.")] = 16,
+    probes: Annotated[
+        int, typer.Option(help="sensitivity: Hutchinson probes per query; 0 = exact (slow).")
+    ] = 8,
+    texts: Annotated[int, typer.Option(help="geometry: number of texts.")] = 4,
+    q0: Annotated[int, typer.Option(help="First query counted in sink mass.")] = 0,
+    seed: SeedOpt = 0,
+    trust_remote_code: TrustOpt = False,
+) -> None:
+    """Test a seed's causal claim on a model: numbers in DIR/ablate.json, a figure beside it.
+
+    Examples: sinklab ablate -e first-token --tokens 256;
+    sinklab ablate -e density --lams 0,0.5,1 --out runs/density
+    """
+    from sinklab.ablate import AblationConfig, check_experiment, run_experiment
+    from sinklab.corpus import documents, load_text, token_stream
+    from sinklab.models import load_model
+
+    # Cheap checks first: nothing loads before the arguments are known to be sane.
+    check_experiment(experiment)
+    kw = {"lams": _floats(lams, "--lams")} if lams is not None else {}
+    config = AblationConfig(
+        q0=q0,
+        positions=_ints(positions, "--positions") or (0,),
+        layers=_ints(layers, "--layers"),
+        heads=_ints(heads, "--heads"),
+        grid=grid,
+        probes=probes,
+        seed=seed,
+        **kw,
+    )
+    config.check_tokens(tokens)
+    if texts < 1:
+        raise SinklabError(f"--texts must be >= 1, got {texts}")
+    txt = load_text(text)
+    with stderr.status("loading model"):
+        loaded = load_model(model, trust_remote_code=trust_remote_code)
+    tok = loaded.tokenizer
+    n_rows = texts if experiment == "geometry" else 1
+    docs = documents(text) if text in (None, "shakespeare") else [txt]
+    if len(docs) >= n_rows:
+        rows = [token_stream(d, tok, tokens) for d in docs[:n_rows]]
+    else:  # one text: consecutive windows of it
+        rows = list(token_stream(txt, tok, tokens * n_rows).view(n_rows, tokens))
+    import torch
+
+    ids = torch.stack(rows)  # (B, T)
+    with progress(fmt is OutputFormat.text) as prog:
+        task = prog.add_task(experiment, total=None, status="")
+        result = run_experiment(
+            experiment,
+            loaded.model,
+            tok,
+            ids,
+            config,
+            callback=lambda done, total: prog.update(task, completed=done, total=total),
+        )
+    result.meta.update(model=loaded.info.to_json(), text=txt.to_json())
+    path = result.save(out)
+    result.figure(out / "ablate.png")
+    if fmt is OutputFormat.json:
+        emit_json(result.to_json())
+        return
+    from rich.console import Console
+
+    Console().print(f"[bold]{experiment}[/bold]: {result.finding}\nwrote {path} and ablate.png")
+
+
+def register(app: typer.Typer) -> None:
+    app.command("ablate")(ablate)
