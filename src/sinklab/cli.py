@@ -54,6 +54,9 @@ def _register_commands() -> None:
     from sinklab.commands import probe as probe_command
 
     probe_command.register(app)
+    from sinklab.commands import ablate
+
+    ablate.register(app)
 
 
 _register_commands()
