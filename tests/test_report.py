@@ -38,6 +38,11 @@ STAGE_LIBRARIES = {
 }
 
 
+# The tiny model streams slower per token than its size suggests (Python overhead per step), so
+# the test shrinks the streamed text; every other size is --quick's.
+TINY_SIZES = ("--set", "stream_tokens=160", "--set", "window=24", "--set", "recompute_every=8")
+
+
 class PageParser(HTMLParser):
     """Collects what the tests check: sections, images, numeric cells, summary, commands."""
 
@@ -120,7 +125,8 @@ def tree_digest(folder: Path) -> dict[str, str]:
 def quick_report(tmp_path_factory, tiny_model_dir) -> Path:
     """The real CLI, --quick, on a tiny random Llama (run once for the module)."""
     out = tmp_path_factory.mktemp("report") / "tiny-report"
-    proc = run_cli("report", "--quick", "--model", str(tiny_model_dir("llama")), "--out", str(out))
+    model = str(tiny_model_dir("llama"))
+    proc = run_cli("report", "--quick", "--model", model, "--out", str(out), *TINY_SIZES)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip().splitlines()[-1] == str(out / "index.html")
     return out
@@ -301,6 +307,15 @@ def test_refuses_a_folder_that_is_not_a_report(tmp_path, capsys):
     assert (tmp_path / "thesis.tex").read_text() == "precious"
     _main_one_line_error(
         capsys, ["report", "--out", str(tmp_path / "thesis.tex")], "is a file; pass a folder"
+    )
+
+
+def test_bad_set_is_one_line_error(tmp_path, capsys):
+    _main_one_line_error(
+        capsys, ["report", "--set", "windw=3", "--out", str(tmp_path / "r")], "KEY=VALUE"
+    )
+    _main_one_line_error(
+        capsys, ["report", "--set", "window=0", "--out", str(tmp_path / "r")], "at least 1"
     )
 
 

@@ -85,7 +85,7 @@ def test_headline_skips_what_it_cannot_compute_and_names_failures():
     finding = ok("mask-sink", {"finding": "masking the sink raises perplexity from 12.1 to 410.3"})
     lines = headline([broken, failed, finding], ReportConfig())
     assert lines == [
-        "mask-sink: masking the sink raises perplexity from 12.1 to 410.3",
+        "Ablation mask-sink: Masking the sink raises perplexity from 12.1 to 410.3.",
         "1 stage(s) failed and are shown with their error: stream.",
     ]
 

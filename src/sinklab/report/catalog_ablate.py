@@ -19,28 +19,34 @@ from sinklab.report.stages import (
 
 MAX_ROWS = 40
 
-EXPERIMENTS: dict[str, tuple[str, str]] = {
+EXPERIMENTS: dict[str, tuple[str, str, str]] = {  # name: (title, about, figure caption)
     "first-token": (
         "Ablation: the first token",
         "Perplexity and sink strength with the first token kept, dropped or replaced.",
+        "Perplexity on the same targets per first-token condition (log), and mean sink mass per "
+        "layer.",
     ),
     "mask-sink": (
         "Ablation: masking the sink",
         "Attention to the sink zeroed and renormalised in all, the first, middle or last third "
         "of the layers: perplexity and token similarity.",
+        "Perplexity per masking condition (log), and token similarity per layer.",
     ),
     "density": (
         "Ablation: attention density",
         "Weights replaced by (1 - lam) identity + lam uniform-causal: does denser attention raise "
         "token similarity (oversmoothing)?",
+        "Token similarity against lam, one curve per layer group; perplexity against lam.",
     ),
     "sensitivity": (
         "Ablation: sensitivity (Jacobian norms)",
         "||d h_L[t] / d x_i|| over a grid of (t, i), with and without the sink masked.",
+        "Jacobian norm matrices with and without the sink, and the mean by distance t - i.",
     ),
     "geometry": (
         "Ablation: geometry and head kinds",
         "First-token cosine per layer on several texts, and the census of head kinds per layer.",
+        "First-token cosine per layer, one line per text; head kinds per layer.",
     ),
 }
 
@@ -78,14 +84,38 @@ def _command(name: str):
     return command
 
 
+GEOMETRY_TEXTS = 3  # geometry reads this many consecutive chunks of the text as separate inputs
+
+
 def _run(name: str):
     def run(ctx: StageContext) -> StageOutput:
-        from sinklab.ablate import run_experiment
+        from sinklab.ablate import AblationConfig, run_experiment
 
         p = _params(name)(ctx)
-        ids = ctx.ids(p["tokens"])
-        result = run_experiment(name, ctx.loaded.model, ctx.loaded.tokenizer, ids, None)
-        return StageOutput(result.to_json())
+        config = AblationConfig(
+            q0=min(ctx.config.q0, p["tokens"] - 1), grid=p.get("grid", 16), seed=p["seed"]
+        )
+        n = p["tokens"]
+        ids = (
+            ctx.ids(n * GEOMETRY_TEXTS).view(GEOMETRY_TEXTS, n)
+            if name == "geometry"
+            else ctx.ids(n)
+        )
+
+        def callback(done: int, total: int) -> None:
+            ctx.progress(done / max(1, total), f"condition {done}/{total}")
+
+        result = run_experiment(name, ctx.loaded.model, ctx.loaded.tokenizer, ids, config, callback)
+        result.meta = {
+            **result.meta,
+            "model": ctx.loaded.info.to_json(),
+            "text": ctx.text.to_json(),
+        }
+        data = result.to_json()
+        png = ctx.figures_dir / f"{name}.png"
+        result.figure(png)
+        _, tables = generic_view(data, ctx.figures_dir, name, curves=False)
+        return StageOutput(data, [FigureSpec(png, EXPERIMENTS[name][2])], tables)
 
     return run
 
@@ -99,7 +129,7 @@ def _is_series(x: Any) -> bool:
 
 
 def generic_view(
-    data: dict[str, Any], figures_dir: Any, title: str
+    data: dict[str, Any], figures_dir: Any, title: str, curves: bool = True
 ) -> tuple[list[FigureSpec], list[TableSpec]]:
     """Tables and curves for any ``{condition: {field: number | [numbers]}}`` in a JSON.
 
@@ -120,7 +150,7 @@ def generic_view(
             tables.append(
                 TableSpec(
                     f"{key}: per condition",
-                    ("condition", *scalars),
+                    ("condition", *(f.replace("_", " ") for f in scalars)),
                     tuple(
                         (Cell(c), *(_cell((key, c, f), v, f) for f in scalars))
                         for c, v in list(rows.items())[:MAX_ROWS]
@@ -128,6 +158,7 @@ def generic_view(
                 )
             )
         series = sorted({f for v in rows.values() for f, x in v.items() if _is_series(x)})
+        series = series if curves else []
         for f in series:
             lines = {c: v[f] for c, v in rows.items() if _is_series(v.get(f))}
             longest = max(len(y) for y in lines.values())
@@ -158,5 +189,5 @@ def _cost(name: str):
 def ablation_stages() -> list[Stage]:
     return [
         Stage(name, title, about, _cost(name), _params(name), _command(name), _run(name))
-        for name, (title, about) in EXPERIMENTS.items()
+        for name, (title, about, _) in EXPERIMENTS.items()
     ]

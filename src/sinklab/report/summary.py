@@ -158,7 +158,8 @@ def headline(results: Sequence[StageResult], config: ReportConfig) -> list[str]:
     for name in ABLATIONS:
         finding = ok.get(name, {}).get("finding")
         if finding:
-            sentences.append(f"{name}: {finding}")
+            end = "" if finding.endswith(".") else "."
+            sentences.append(f"Ablation {name}: {finding[:1].upper()}{finding[1:]}{end}")
     failed = [r.name for r in results if r.status != "ok"]
     if failed:
         sentences.append(
