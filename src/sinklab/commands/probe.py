@@ -105,6 +105,7 @@ def probe(
     Example: sinklab probe --tokens 1024 --q0 16 --lengths 128,512,2048 --out runs/probe
     """
     from sinklab.corpus import load_text, token_stream
+    from sinklab.hooks import check_supported
     from sinklab.meta import build_meta, write_json_atomic
     from sinklab.models import load_model
     from sinklab.probe import ProbeConfig, check_lengths, probe_lengths
@@ -130,6 +131,7 @@ def probe(
             f"ask for at most {info.max_positions}"
         )
     ids = token_stream(txt, loaded.tokenizer, need, prepend=prepend)
+    check_supported(loaded.model)  # before the progress bar: a clean one-line error
 
     start = time.perf_counter()
     n_runs = 1 + len(ns or [])

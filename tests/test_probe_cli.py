@@ -1,0 +1,117 @@
+"""``sinklab probe`` end to end on a tiny model (in-process, for speed), and its one-line errors."""
+
+import json
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from sinklab.cli import main
+from test_cli import assert_one_line_error
+
+KEYS = {
+    "meta",
+    "sink_mass",
+    "diagonal_mass",
+    "prev_token_mass",
+    "entropy",
+    "value_norm_ratio",
+    "sink_output_share",
+    "head_kind",
+    "first_token_cosine",
+    "token_similarity",
+    "first_token_norm_ratio",
+    "sink_rate",
+    "sink_positions",
+}
+
+
+def cli(capsys, *args: str) -> SimpleNamespace:
+    capsys.readouterr()  # drop whatever the set-up printed
+    code = main(["probe", *args])
+    out = capsys.readouterr()
+    return SimpleNamespace(returncode=code, stdout=out.out, stderr=out.err)
+
+
+def test_probe_writes_json_and_figures(capsys, tmp_path: Path, tiny_model_dir):
+    model = str(tiny_model_dir("llama"))
+    args = ["--model", model, "--text", "shakespeare:hamlet", "--tokens", "48", "--q0", "2"]
+    proc = cli(capsys, *args, "--lengths", "16,48", "--out", str(tmp_path), "--format", "json")
+    assert proc.returncode == 0, proc.stderr
+    data = json.loads((tmp_path / "probe.json").read_text())
+    assert set(data) == KEYS | {"by_length"}
+    assert json.loads(proc.stdout)["sink_rate"] == data["sink_rate"]
+    assert set(data["sink_rate"]) == {"0.3", "0.8"}
+    assert len(data["sink_mass"]) == 2 and len(data["sink_mass"][0]) == 4
+    assert len(data["first_token_cosine"]) == 2
+    meta = data["meta"]
+    assert meta["n_tokens"] == 48 and meta["q0"] == 2 and meta["eps"] == [0.3, 0.8]
+    assert len(meta["text"]["sha256"]) == 64 and "versions" in meta and "seconds" in meta
+    assert [e["tokens"] for e in data["by_length"]] == [16, 48]
+    for name in ("sink_mass_heatmap", "layer_curves", "length_trend"):
+        assert (tmp_path / f"{name}.png").stat().st_size > 1000
+        assert json.loads((tmp_path / f"{name}.json").read_text())["title"]
+    heat = json.loads((tmp_path / "sink_mass_heatmap.json").read_text())
+    assert heat["sink_mass"] == data["sink_mass"]
+
+    proc = cli(capsys, *args, "--out", str(tmp_path / "t"), "--no-figures")
+    assert proc.returncode == 0, proc.stderr
+    assert "sink rate" in proc.stdout and "top sink heads" in proc.stdout
+    assert "sinks start" in proc.stdout or "no head puts more than" in proc.stdout
+
+
+def test_summary_is_computed_from_the_numbers():
+    from sinklab.commands.probe import summary_lines
+
+    data = {
+        "meta": {"params": {"q0": 0}, "n_tokens": 10, "model": {"name": "m"}},
+        "sink_mass": [[0.0, 0.1], [0.5, 0.2], [0.9, 0.95]],
+        "sink_rate": {"0.3": 0.5},
+        "sink_positions": [{"position": 0, "mass": 0.4}],
+    }
+    text = "\n".join(summary_lines(data, 0.3, top=2))
+    assert "L2H1 0.95, L2H0 0.90" in text
+    assert "sinks start at layer 1" in text and "half the heads or more from layer 1" in text
+    assert "sink heads per layer: 0 1 2" in text
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["--q0", "64", "--tokens", "64"], "--q0 64 leaves no query among --tokens 64"),
+        (["--eps", "1.2"], "strictly between 0 and 1"),
+        (["--eps", "0,0.5"], "strictly between 0 and 1"),
+        (["--lengths", ","], "--lengths is empty"),
+        (["--lengths", "1,16"], "length 1 is outside"),
+    ],
+)
+def test_cheap_bad_inputs_exit_2_before_loading(capsys, args, needle):
+    # --model points nowhere: these must fail on the cheap check, before any model load
+    proc = cli(capsys, "--model", "/no/such/model", *args)
+    assert_one_line_error(proc, needle)
+
+
+def test_tokens_beyond_text_and_positions(capsys, tmp_path: Path, tiny_model_dir):
+    model = str(tiny_model_dir("llama"))
+    short = tmp_path / "short.txt"
+    short.write_text("to be or not to be that is the question\n" * 3)
+    proc = cli(capsys, "--model", model, "--text", str(short), "--tokens", "100")
+    assert_one_line_error(proc, "has only 30 tokens, fewer than the 100 asked for")
+    proc = cli(capsys, "--model", model, "--tokens", "600")
+    assert_one_line_error(proc, "600 tokens exceed the 512 positions")
+
+
+def test_uncapturable_model_says_which(capsys, tmp_path: Path, tiny_tokenizer):
+    from transformers import BioGptConfig, BioGptForCausalLM
+
+    cfg = BioGptConfig(
+        vocab_size=512,
+        hidden_size=16,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        intermediate_size=32,
+    )
+    BioGptForCausalLM(cfg).save_pretrained(tmp_path)
+    tiny_tokenizer.save_pretrained(tmp_path)
+    proc = cli(capsys, "--model", str(tmp_path), "--tokens", "16", "--out", str(tmp_path / "o"))
+    assert_one_line_error(proc, "BioGptForCausalLM does not dispatch attention")
