@@ -197,7 +197,7 @@ def test_unfused_variants_fall_back_to_reference() -> None:
 @pytest.mark.parametrize("fused", [False, True], ids=["reference", "fused"])
 @pytest.mark.parametrize("kind", MASK_KINDS)
 @pytest.mark.parametrize("variant", VARIANTS)
-@settings(max_examples=15, deadline=None)
+@settings(max_examples=10, deadline=None)
 @given(
     t_len=st.integers(2, 10),
     data=st.data(),
