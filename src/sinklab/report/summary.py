@@ -62,19 +62,20 @@ def sink_depth_sentence(probe: dict[str, Any], config: ReportConfig) -> str:
     eps = config.eps
     share = [sum(m > eps for m in row) / len(row) for row in mass]
     none = [layer for layer, s in enumerate(share) if s == 0]
+    if len(none) == len(share):
+        return f"By depth: no layer has a sink head (sink mass > {eps:g})."
     majority = [layer for layer, s in enumerate(share) if s >= 0.5]
     best = max(range(len(share)), key=share.__getitem__)
     parts = []
     if majority:
         parts.append(f"sinks take over from layer {majority[0]} (at least half its heads)")
     else:
-        parts.append(f"no layer has a majority of sink heads; layer {best} has the most")
+        parts.append("no layer has a majority of sink heads")
     parts.append(
         f"layers {_ranges(none)} have no sink head" if none else "every layer has a sink head"
     )
     parts.append(f"the densest is layer {best} ({_pct(share[best])} of its heads)")
-    sentence = "By depth: " + "; ".join(parts) + "."
-    return sentence
+    return "By depth: " + "; ".join(parts) + "."
 
 
 def sink_positions_sentence(probe: dict[str, Any], config: ReportConfig) -> str | None:
@@ -103,7 +104,9 @@ def length_sentence(lengths: dict[str, Any], config: ReportConfig) -> str | None
     a, b = rows[0], rows[-1]
     t0, t1 = a["tokens"], b["tokens"]
     ra, rb = a["sink_rate"]["0.3"], b["sink_rate"]["0.3"]
-    verb = "rises" if rb > ra + 0.01 else "falls" if rb < ra - 0.01 else "stays"
+    if abs(rb - ra) <= 0.01:
+        return f"With context length the sink rate stays near {_pct(rb)} from {t0} to {t1} tokens."
+    verb = "rises" if rb > ra else "falls"
     return (
         f"With context length the sink rate {verb} from {_pct(ra)} at {t0} tokens to "
         f"{_pct(rb)} at {t1} tokens."
