@@ -128,7 +128,7 @@ class AblationResult:
         return write_json_atomic(Path(out_dir) / "ablate.json", self.to_json())
 
     def figure(self, path: Path) -> Any:
-        """Draw this experiment's figure to ``path`` (PNG + the plotted numbers as JSON)."""
+        """Draw the figure to ``path`` (PNG; plotted numbers in ``path.with_suffix(".json")``)."""
         from sinklab.ablate import plots
 
         return plots.PLOTS[self.experiment](self.to_json(), Path(path))

@@ -74,6 +74,7 @@ def ablate(
     sinklab ablate -e density --lams 0,0.5,1 --out runs/density
     """
     from sinklab.ablate import AblationConfig, check_experiment, run_experiment
+    from sinklab.ablate.core import model_shape
     from sinklab.corpus import documents, load_text, token_stream
     from sinklab.models import load_model
 
@@ -96,6 +97,7 @@ def ablate(
     txt = load_text(text)
     with stderr.status("loading model"):
         loaded = load_model(model, trust_remote_code=trust_remote_code)
+    config.check_model(*model_shape(loaded.model))  # layer / head ranges, before any work
     tok = loaded.tokenizer
     n_rows = texts if experiment == "geometry" else 1
     docs = documents(text) if text in (None, "shakespeare") else [txt]
@@ -118,13 +120,14 @@ def ablate(
         )
     result.meta.update(model=loaded.info.to_json(), text=txt.to_json())
     path = result.save(out)
-    result.figure(out / "ablate.png")
+    figure = out / f"{experiment}.png"  # its plotted numbers go to {experiment}.json beside it
+    result.figure(figure)
     if fmt is OutputFormat.json:
         emit_json(result.to_json())
         return
     from rich.console import Console
 
-    Console().print(f"[bold]{experiment}[/bold]: {result.finding}\nwrote {path} and ablate.png")
+    Console().print(f"[bold]{experiment}[/bold]: {result.finding}\nwrote {path} and {figure}")
 
 
 def register(app: typer.Typer) -> None:

@@ -1,0 +1,116 @@
+"""sinklab ablate: every experiment end to end on a tiny model, the CLI, bad inputs, SmolLM2."""
+
+import json
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from conftest import make_tiny_model
+from sinklab.ablate import EXPERIMENTS, AblationConfig, perplexity, run_experiment
+from sinklab.errors import SinklabError
+from sinklab.interventions import first_token
+from test_cli import assert_one_line_error, run_cli
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    return make_tiny_model("llama", n_layers=3)
+
+
+@pytest.mark.parametrize("name", EXPERIMENTS)
+def test_each_experiment_end_to_end(tiny, tiny_tokenizer, tmp_path, name):
+    ids = torch.randint(4, 500, (2, 20), generator=torch.Generator().manual_seed(0))
+    config = AblationConfig(grid=4, probes=0, lams=(0.0, 0.5, 1.0))
+    calls = []
+    res = run_experiment(name, tiny, tiny_tokenizer, ids, config, lambda d, t: calls.append(d))
+    data = json.loads(json.dumps(res.to_json()))
+    assert data["experiment"] == name and data["meta"]["params"]["grid"] == 4
+    assert data["conditions"] and isinstance(data["finding"], str) and "\n" not in data["finding"]
+    assert calls
+    res.save(tmp_path)
+    res.figure(tmp_path / f"{name}.png")
+    assert (tmp_path / f"{name}.png").stat().st_size > 0
+    assert json.loads((tmp_path / "ablate.json").read_text())["finding"] == res.finding
+    assert json.loads((tmp_path / f"{name}.json").read_text())["title"].startswith(name)
+    if name == "first-token":  # whitespace tokenizer: "\n" is no token, so that mode is skipped
+        assert "newline" in data["skipped"] and {"keep", "drop", "bos", "word"} <= set(
+            data["conditions"]
+        )
+        assert len({c["n_targets"] for c in data["conditions"].values()}) == 1
+    if name == "density":
+        assert data["conditions"]["lam=0"]["lam"] == 0.0
+    if name == "sensitivity":
+        m = torch.tensor(data["matrices"]["sink masked"])
+        assert m.shape == (4, 4) and m[1:, 0].max() < 1e-6  # the masked sink is cut off
+
+
+def test_perplexity_scores_the_same_targets(tiny):
+    ids = torch.randint(4, 500, (1, 16), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        logits = tiny(ids).logits[0]
+    ref = F.cross_entropy(logits[1:-1].double(), ids[0, 2:])
+    ppl = perplexity(tiny, ids)
+    assert ppl.n_targets == 14 and math.isclose(ppl.nll, float(ref), rel_tol=1e-6)
+    drop = first_token(ids, "drop")
+    with torch.no_grad():
+        logits = tiny(drop.ids).logits[0]
+    ref = F.cross_entropy(logits[:-1].double(), ids[0, 2:])
+    assert math.isclose(perplexity(tiny, drop.ids, 2 + drop.shift).nll, float(ref), rel_tol=1e-6)
+
+
+def test_config_and_model_checks(tiny, tiny_tokenizer):
+    with pytest.raises(SinklabError, match=r"lam must be in \[0, 1\]"):
+        AblationConfig(lams=(0.0, 1.2))
+    with pytest.raises(SinklabError, match="mask every key position"):
+        AblationConfig(positions=tuple(range(10))).check_tokens(10)
+    with pytest.raises(SinklabError, match=r"layer 7 is out of range.*0\.\.2"):
+        run_experiment(
+            "mask-sink", tiny, tiny_tokenizer, torch.arange(4, 24), AblationConfig(layers=(7,))
+        )
+    with pytest.raises(SinklabError, match="unknown experiment"):
+        run_experiment("nope", tiny, tiny_tokenizer, torch.arange(4, 24))
+
+
+def test_cli_writes_json_and_figure(tiny_model_dir, tmp_path):
+    proc = run_cli(
+        "ablate", "-e", "mask-sink", "--model", str(tiny_model_dir("llama")),
+        "--tokens", "24", "--out", str(tmp_path), "--format", "json",
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    data = json.loads(proc.stdout)
+    assert data["meta"]["model"]["n_layers"] == 2 and data["meta"]["text"]["name"]
+    assert set(data["conditions"]) >= {"never", "all layers"}
+    assert (tmp_path / "mask-sink.png").is_file() and (tmp_path / "ablate.json").is_file()
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["-e", "shuffle"], "unknown experiment 'shuffle'"),
+        (["-e", "density", "--lams", "0,1.5"], "lam must be in [0, 1]"),
+        (["-e", "mask-sink", "--tokens", "8", "--positions", "0,1,2,3,4,5,6,7"], "every key"),
+        (
+            ["-e", "mask-sink", "--layers", "9"],
+            "layer 9 is out of range: this model has layers 0..1",
+        ),
+        (["-e", "mask-sink", "--heads", "4"], "head 4 is out of range: this model has heads 0..3"),
+    ],
+)
+def test_bad_inputs_one_line_exit_2(tiny_model_dir, args, needle):
+    model = ["--model", str(tiny_model_dir("llama")), "--tokens", "16"]
+    assert_one_line_error(run_cli("ablate", *model, *args), needle)
+
+
+@pytest.mark.integration
+def test_smollm2_first_token_and_mask_sink_directions(smollm2):
+    from sinklab.corpus import load_text, token_stream
+
+    ids = token_stream(load_text(), smollm2.tokenizer, 128)
+    cfg = AblationConfig(modes=("keep", "bos"))
+    ft = run_experiment("first-token", smollm2.model, smollm2.tokenizer, ids, cfg).conditions
+    assert ft["keep"]["sink_rate@0.3"] > 0.2  # the sink forms at whatever token comes first
+    assert abs(ft["bos"]["sink_rate@0.3"] - ft["keep"]["sink_rate@0.3"]) < 0.15
+    ms = run_experiment("mask-sink", smollm2.model, smollm2.tokenizer, ids, cfg).conditions
+    assert ms["all layers"]["perplexity"] > 2 * ms["never"]["perplexity"]
