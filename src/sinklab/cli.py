@@ -57,6 +57,10 @@ def _register_commands() -> None:
     from sinklab.commands import ablate
 
     ablate.register(app)
+    from sinklab.commands import generate, stream
+
+    generate.register(app)
+    stream.register(app)
 
 
 _register_commands()

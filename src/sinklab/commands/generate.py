@@ -1,0 +1,96 @@
+"""``sinklab generate``: stream generated text to stdout with a bounded sink cache."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from sinklab.commands.common import ModelOpt, SeedOpt, TrustOpt, stderr
+from sinklab.commands.stream import NSinkOpt, WindowOpt
+from sinklab.errors import SinklabError
+
+
+def generate(
+    prompt: Annotated[str | None, typer.Option("--prompt", help="Prompt text.")] = None,
+    prompt_file: Annotated[
+        Path | None, typer.Option("--prompt-file", help="Read the prompt from a UTF-8 file.")
+    ] = None,
+    max_new_tokens: Annotated[
+        int, typer.Option("--max-new-tokens", help="Tokens to generate (memory stays flat).")
+    ] = 200,
+    n_sink: NSinkOpt = 4,
+    window: WindowOpt = 508,
+    temperature: Annotated[
+        float, typer.Option("--temperature", help="0 = greedy; > 0 samples.")
+    ] = 0.0,
+    seed: SeedOpt = 0,
+    ignore_eos: Annotated[
+        bool, typer.Option("--ignore-eos", help="Keep generating past end-of-sequence.")
+    ] = False,
+    model: ModelOpt = None,
+    out: Annotated[
+        Path | None, typer.Option("--out", "-o", help="Also write OUT/generate.json.")
+    ] = None,
+    trust_remote_code: TrustOpt = False,
+) -> None:
+    """Generate with a StreamingLLM sink cache: the cache never holds more than n_sink + window
+    positions, so --max-new-tokens 20000 runs in flat memory. Text goes to stdout, progress and
+    a summary to stderr.
+
+    Example: sinklab generate --prompt "ROMEO:" --max-new-tokens 20000 --ignore-eos
+    """
+    from sinklab.corpus import read_text_file
+    from sinklab.meta import build_meta, write_json_atomic
+    from sinklab.models import load_model
+    from sinklab.streaming import GenerateConfig
+    from sinklab.streaming import generate as run
+
+    # cheap checks first: sizes and the prompt fail before the model loads
+    config = GenerateConfig(
+        max_new_tokens, n_sink, window, temperature, seed, stop_at_eos=not ignore_eos
+    )
+    if (prompt is None) == (prompt_file is None):
+        raise SinklabError("pass exactly one of --prompt TEXT or --prompt-file FILE")
+    text = read_text_file(prompt_file) if prompt_file is not None else prompt
+    if not text or not text.strip():
+        raise SinklabError("the prompt is empty; pass some text to continue")
+    with stderr.status("loading model"):
+        loaded = load_model(model, trust_remote_code=trust_remote_code)
+    import torch
+
+    ids = torch.tensor(loaded.tokenizer(text, add_special_tokens=False).input_ids)
+
+    def on_text(piece: str) -> None:
+        sys.stdout.write(piece)
+        sys.stdout.flush()
+
+    status = stderr.status("generating")
+    status.start()
+    import time
+
+    start = time.perf_counter()
+
+    def on_token(n: int) -> None:
+        if n % 16 == 0:
+            rate = n / max(1e-9, time.perf_counter() - start)
+            status.update(f"{n}/{max_new_tokens} tokens, {rate:.1f} tok/s")
+
+    try:
+        result = run(loaded.model, loaded.tokenizer, ids, config, on_text, on_token)
+    finally:
+        status.stop()
+    sys.stdout.write("\n")
+    stderr.print(
+        f"{len(result.new_tokens)} tokens, {result.tokens_per_s:.1f} tok/s, cache at most "
+        f"{result.max_cache_len} positions, peak RSS {result.peak_rss_mb:.0f} MB"
+    )
+    if out is not None:
+        result.meta = build_meta(model=loaded.info, params=config, seconds=result.seconds)
+        write_json_atomic(out / "generate.json", result.to_json())
+
+
+def register(app: typer.Typer) -> None:
+    app.command("generate")(generate)

@@ -1,0 +1,399 @@
+"""Streaming perplexity with StreamingLLM's protocol, the recompute oracle, sink-auto's choice of
+sinks, and bounded-memory generation.
+
+Protocol (Xiao et al., StreamingLLM): feed the text one token at a time; after reading token
+``t`` score token ``t + 1`` from the logits, then let the cache evict. Policies:
+
+* ``dense``: keep everything (memory grows; quality collapses past the trained length);
+* ``window``: the ``n_sink + window`` most recent tokens, no sinks (same memory as ``sink``);
+* ``sink``: tokens 0..n_sink-1 plus the ``window`` most recent (StreamingLLM);
+* ``sink-auto``: ``n_sink`` sinks chosen where the probe measures attention sinks on the prefix
+  (the first ``min(probe_tokens, n_sink + window)`` tokens, so nothing is chosen from the future);
+* ``recompute``: the oracle. For each scored target, a fresh forward over exactly the tokens the
+  ``sink`` cache keeps, at positions 0..n. It differs from ``sink`` only in that deeper layers'
+  keys and values are recomputed in the current context. ``--n-sink 0`` is not allowed, so the
+  paper's sink-less "sliding window with re-computation" is not offered. Slow: ``recompute_every
+  K`` scores every K-th target only (``nll`` is NaN elsewhere), and the JSON says so.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import resource
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from sinklab.cache import POLICIES, CacheConfig, SinkCache, kept_positions
+from sinklab.errors import SinklabError
+
+log = logging.getLogger(__name__)
+
+#: callback(policy, done, total, running_ppl): called every few tokens and at the end
+StreamCallback = Callable[[str, int, int, float], None]
+_EVERY = 16  # callback / RSS sampling period, in tokens
+
+
+@dataclass(frozen=True)
+class StreamConfig:
+    """One streaming-perplexity run; recorded in ``meta.params``."""
+
+    policies: tuple[str, ...] = ("dense", "window", "sink", "recompute", "sink-auto")
+    n_sink: int = 4
+    window: int = 508
+    n_tokens: int = 4000
+    recompute_every: int = 1  # score the recompute oracle on every K-th target only
+    probe_tokens: int = 256  # sink-auto: prefix on which sinks are measured
+    segment: int = 1000  # tokens per entry of segment_ppl
+
+    def __post_init__(self) -> None:
+        bad = [p for p in self.policies if p not in POLICIES]
+        if not self.policies or bad:
+            raise SinklabError(
+                f"unknown policy {', '.join(bad) or '(none)'}; choose from {', '.join(POLICIES)}"
+            )
+        sizes = {
+            "n_sink": self.n_sink,
+            "window": self.window,
+            "recompute_every": self.recompute_every,
+            "probe_tokens": self.probe_tokens,
+            "segment": self.segment,
+        }
+        for name, value in sizes.items():
+            if value < 1:
+                raise SinklabError(f"{name} must be a positive integer, got {value}")
+        if self.n_tokens < 2:
+            raise SinklabError(f"tokens must be at least 2, got {self.n_tokens}")
+
+    def cache_config(self, policy: str, sinks: Sequence[int] | None = None) -> CacheConfig:
+        auto = tuple(sinks) if policy == "sink-auto" else None
+        return CacheConfig(policy, self.n_sink, self.window, auto)
+
+
+@dataclass
+class PolicyResult:
+    """One policy's stream: ``nll`` (n_tokens - 1,) in nats per target (NaN = not scored)."""
+
+    policy: str
+    ppl: float
+    segment_ppl: list[float]
+    nll: list[float]
+    n_scored: int
+    tokens_per_s: float
+    peak_rss_mb: float  # largest resident set sampled during this policy's run
+    max_cache_len: int | None  # most positions any layer cached (None: no cache, recompute)
+    sink_positions: list[int] | None = None
+    recompute_every: int | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class StreamResult:
+    """Every policy's result on the same token stream, and the run's ``meta``."""
+
+    config: StreamConfig
+    policies: dict[str, PolicyResult]
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    def scored_ppl(self) -> dict[str, float]:
+        """Each policy's perplexity on the targets every policy scored (the recompute subset)."""
+        nll = torch.tensor([r.nll for r in self.policies.values()], dtype=torch.float64)
+        mask = ~nll.isnan().any(0)
+        return {p: _ppl(nll[i][mask]) for i, p in enumerate(self.policies)}
+
+    def to_json(self) -> dict[str, Any]:
+        data: dict[str, Any] = {"meta": self.meta}
+        data["policies"] = {p: r.to_json() for p, r in self.policies.items()}
+        if "recompute" in self.policies:
+            data["on_recompute_targets"] = {
+                "recompute_every": self.config.recompute_every,
+                "n_scored": self.policies["recompute"].n_scored,
+                "ppl": self.scored_ppl(),
+            }
+        return data
+
+
+# ------------------------------------------------------------------------------- helpers
+def _ppl(nll: Tensor) -> float:
+    nll = nll[~nll.isnan()]
+    return float(torch.exp(nll.double().mean())) if nll.numel() else math.nan
+
+
+def segment_ppl(nll: Tensor, segment: int) -> list[float]:
+    """Perplexity of each block of ``segment`` consecutive targets (NaNs skipped)."""
+    return [_ppl(nll[i : i + segment]) for i in range(0, nll.numel(), segment)]
+
+
+def rss_mb() -> float:
+    """Current resident set size in MiB (Linux ``/proc``; peak RSS elsewhere)."""
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+    except (OSError, ValueError, IndexError):
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def _target_nll(logits: Tensor, target: int) -> float:
+    """``logits`` (V,) -> -log p(target)."""
+    logits = logits.float()
+    return float(torch.logsumexp(logits, -1) - logits[target])
+
+
+def _device(model: Any) -> torch.device:
+    return next(model.parameters()).device
+
+
+# ------------------------------------------------------------------------------ the loops
+@torch.inference_mode()
+def stream_nll(
+    model: Any,
+    ids: Tensor,
+    cache_config: CacheConfig,
+    callback: Callable[[int, int, float], None] | None = None,
+) -> tuple[Tensor, int, float]:
+    """Token by token through a :class:`SinkCache`: ``ids`` (T,) -> (nll (T-1,), most positions
+    cached, peak sampled RSS MiB)."""
+    cache = SinkCache(model, cache_config)
+    dev, n = _device(model), ids.numel() - 1
+    nll = torch.empty(n, dtype=torch.float64)
+    total, most, peak = 0.0, 0, rss_mb()
+    for t in range(n):
+        out = model(ids[t : t + 1].view(1, 1).to(dev), cache=cache, use_cache=True)
+        nll[t] = _target_nll(out.logits[0, -1], int(ids[t + 1]))
+        total += float(nll[t])
+        most = max(most, cache.kept_length())
+        if (t + 1) % _EVERY == 0 or t + 1 == n:
+            peak = max(peak, rss_mb())
+            if callback is not None:
+                callback(t + 1, n, math.exp(total / (t + 1)))
+    return nll, most, peak
+
+
+@torch.inference_mode()
+def recompute_nll(
+    model: Any,
+    ids: Tensor,
+    n_sink: int,
+    window: int,
+    every: int = 1,
+    callback: Callable[[int, int, float], None] | None = None,
+) -> tuple[Tensor, int, float]:
+    """The oracle: for targets ``t + 1`` with ``t % every == 0``, a fresh forward over the tokens
+    the sink cache keeps before ``t`` plus ``t`` itself. -> (nll (T-1,) NaN where unscored,
+    longest context, peak sampled RSS MiB)."""
+    dev, n = _device(model), ids.numel() - 1
+    nll = torch.full((n,), math.nan, dtype=torch.float64)
+    sinks = tuple(range(n_sink))
+    targets = range(0, n, every)
+    total, longest, peak = 0.0, 0, rss_mb()
+    for i, t in enumerate(targets):
+        ctx = [*kept_positions(t, sinks, window), t]
+        out = model(ids[ctx].view(1, -1).to(dev), use_cache=False, logits_to_keep=1)
+        nll[t] = _target_nll(out.logits[0, -1], int(ids[t + 1]))
+        total += float(nll[t])
+        longest = max(longest, len(ctx))
+        if (i + 1) % max(1, _EVERY // every) == 0 or i + 1 == len(targets):
+            peak = max(peak, rss_mb())
+            if callback is not None:
+                callback(t + 1, n, math.exp(total / (i + 1)))
+    return nll, longest, peak
+
+
+def choose_sinks(model: Any, prefix: Tensor, n_sink: int) -> tuple[int, ...]:
+    """sink-auto: the ``n_sink`` positions of ``prefix`` (T,) where the probe finds attention
+    sinks (received attention far above uniform and typical, averaged over layers and heads),
+    strongest first; if it finds fewer, the earliest other positions fill up (StreamingLLM's
+    choice). Returned sorted."""
+    from sinklab.probe import ProbeConfig, probe
+
+    result = probe(model, prefix, ProbeConfig(max_sink_positions=n_sink))
+    found = [int(d["position"]) for d in result.sink_positions][:n_sink]
+    fill = [p for p in range(prefix.numel()) if p not in found][: n_sink - len(found)]
+    log.info("sink-auto: probe found %s, filled with %s", found, fill)
+    return tuple(sorted(found + fill))
+
+
+def streaming_perplexity(
+    model: Any,
+    ids: Tensor,
+    config: StreamConfig,
+    callback: StreamCallback | None = None,
+    meta: Callable[[float], dict[str, Any]] | None = None,
+) -> StreamResult:
+    """Run every policy of ``config`` on ``ids`` (LongTensor (T,)), one after another.
+
+    ``callback(policy, done, total, running_ppl)`` reports progress; ``meta(seconds)`` builds the
+    result's ``meta`` block (the CLI passes :func:`sinklab.meta.build_meta` with model and text).
+    """
+    ids = torch.as_tensor(ids).reshape(-1).long()
+    if ids.numel() < 2:
+        raise SinklabError(f"need at least 2 tokens to score one, got {ids.numel()}")
+    start = time.perf_counter()
+    results: dict[str, PolicyResult] = {}
+    for policy in config.policies:
+        tick = None if callback is None else (lambda d, n, p, _p=policy: callback(_p, d, n, p))
+        sinks: tuple[int, ...] | None = None
+        t0 = time.perf_counter()
+        if policy == "recompute":
+            nll, _, peak = recompute_nll(
+                model, ids, config.n_sink, config.window, config.recompute_every, tick
+            )
+            most = None
+        else:
+            if policy == "sink-auto":
+                n_probe = min(config.probe_tokens, config.n_sink + config.window, ids.numel())
+                sinks = choose_sinks(model, ids[:n_probe], config.n_sink)
+            nll, most, peak = stream_nll(model, ids, config.cache_config(policy, sinks), tick)
+        seconds = time.perf_counter() - t0
+        scored = int((~nll.isnan()).sum())
+        results[policy] = PolicyResult(
+            policy=policy,
+            ppl=_ppl(nll),
+            segment_ppl=segment_ppl(nll, config.segment),
+            nll=[round(float(x), 5) for x in nll],
+            n_scored=scored,
+            tokens_per_s=scored / seconds if seconds > 0 else math.inf,
+            peak_rss_mb=round(peak, 1),
+            max_cache_len=most,
+            sink_positions=list(sinks) if sinks is not None else None,
+            recompute_every=config.recompute_every if policy == "recompute" else None,
+        )
+        log.info("%s: ppl %.2f, %.1f tok/s", policy, results[policy].ppl, scored / seconds)
+    seconds = time.perf_counter() - start
+    result = StreamResult(config, results)
+    result.meta = meta(seconds) if meta is not None else {"seconds": round(seconds, 3)}
+    return result
+
+
+# ------------------------------------------------------------------------------ generation
+@dataclass(frozen=True)
+class GenerateConfig:
+    """Bounded-memory generation: the cache never holds more than ``n_sink + window``."""
+
+    max_new_tokens: int = 200
+    n_sink: int = 4
+    window: int = 508
+    temperature: float = 0.0  # 0 = greedy
+    seed: int = 0
+    stop_at_eos: bool = True
+    prefill_chunk: int = 256  # long prompts are read in chunks of this many tokens
+
+    def __post_init__(self) -> None:
+        for name in ("max_new_tokens", "n_sink", "window", "prefill_chunk"):
+            if getattr(self, name) < 1:
+                raise SinklabError(f"{name} must be a positive integer, got {getattr(self, name)}")
+        if not self.temperature >= 0 or math.isinf(self.temperature):
+            raise SinklabError(f"temperature must be >= 0 (0 = greedy), got {self.temperature}")
+
+
+@dataclass
+class GenerateResult:
+    config: GenerateConfig
+    prompt_tokens: int
+    new_tokens: list[int]
+    text: str
+    seconds: float
+    tokens_per_s: float
+    max_cache_len: int
+    peak_rss_mb: float
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["n_new_tokens"] = len(self.new_tokens)
+        return data
+
+
+class _Streamer:
+    """transformers streamer: decodes each new token against a few previous ones (O(1) per
+    token, keeps leading spaces and multi-byte characters right) and reports progress."""
+
+    def __init__(self, tokenizer: Any, cache: SinkCache, on_text, on_token) -> None:
+        self.tok, self.cache, self.on_text, self.on_token = tokenizer, cache, on_text, on_token
+        self.prompt_done, self.context, self.pending = False, [], []
+        self.tokens: list[int] = []
+        self.most, self.peak = 0, rss_mb()
+
+    def put(self, value: Tensor) -> None:
+        if not self.prompt_done:  # the first call carries the prompt
+            self.prompt_done = True
+            return
+        ids = value.reshape(-1).tolist()
+        self.tokens += ids
+        self.pending += ids
+        self.most = max(self.most, self.cache.kept_length())
+        if len(self.tokens) % _EVERY == 0:
+            self.peak = max(self.peak, rss_mb())
+        self._flush(final=False)
+        if self.on_token is not None:
+            self.on_token(len(self.tokens))
+
+    def end(self) -> None:
+        self._flush(final=True)
+        self.peak = max(self.peak, rss_mb())
+
+    def _flush(self, final: bool) -> None:
+        before = self.tok.decode(self.context, skip_special_tokens=True)
+        text = self.tok.decode(self.context + self.pending, skip_special_tokens=True)
+        new = text[len(before) :]
+        if new.endswith("\ufffd") and not final:  # an incomplete multi-byte character
+            return
+        if new and self.on_text is not None:
+            self.on_text(new)
+        self.context = (self.context + self.pending)[-4:]
+        self.pending = []
+
+
+@torch.inference_mode()
+def generate(
+    model: Any,
+    tokenizer: Any,
+    prompt_ids: Tensor,
+    config: GenerateConfig,
+    on_text: Callable[[str], None] | None = None,
+    on_token: Callable[[int], None] | None = None,
+) -> GenerateResult:
+    """``model.generate`` with a sink cache: ``prompt_ids`` (T,) -> the new tokens, streamed to
+    ``on_text`` as text pieces; ``on_token(n_generated)`` after each token."""
+    cache = SinkCache(model, CacheConfig("sink", config.n_sink, config.window))
+    ids = torch.as_tensor(prompt_ids).reshape(1, -1).to(_device(model))
+    streamer = _Streamer(tokenizer, cache, on_text, on_token)
+    sample = config.temperature > 0
+    kwargs: dict[str, Any] = dict(do_sample=sample, top_k=None, top_p=None)
+    if sample:
+        kwargs["temperature"] = config.temperature
+    if not config.stop_at_eos:
+        kwargs["eos_token_id"] = None
+    torch.manual_seed(config.seed)
+    start = time.perf_counter()
+    model.generate(
+        ids,
+        attention_mask=torch.ones_like(ids),
+        cache=cache,
+        max_new_tokens=config.max_new_tokens,
+        streamer=streamer,
+        prefill_chunk_size=config.prefill_chunk if ids.shape[1] > config.prefill_chunk else None,
+        pad_token_id=tokenizer.pad_token_id or tokenizer.eos_token_id,
+        **kwargs,
+    )
+    seconds = time.perf_counter() - start
+    text = tokenizer.decode(streamer.tokens, skip_special_tokens=True)
+    n = len(streamer.tokens)
+    return GenerateResult(
+        config,
+        int(ids.shape[1]),
+        streamer.tokens,
+        text,
+        round(seconds, 3),
+        n / seconds if seconds > 0 else math.inf,
+        streamer.most,
+        round(streamer.peak, 1),
+    )

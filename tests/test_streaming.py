@@ -1,0 +1,135 @@
+"""Streaming perplexity (every policy, recompute sampling, JSON) and bounded-memory generation on
+tiny models; on SmolLM2, the StreamingLLM result: window collapses, sink tracks recompute."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+
+from sinklab.errors import SinklabError
+from sinklab.streaming import (
+    GenerateConfig,
+    StreamConfig,
+    generate,
+    segment_ppl,
+    streaming_perplexity,
+)
+
+ALL = ("dense", "window", "sink", "recompute", "sink-auto")
+
+
+@pytest.fixture(scope="module")
+def llama(tiny_model_factory):
+    return tiny_model_factory("llama", seed=3)
+
+
+def _ids(n: int) -> torch.Tensor:
+    return torch.randint(3, 500, (n,), generator=torch.Generator().manual_seed(4))
+
+
+def test_every_policy_equals_no_cache_when_the_window_covers_the_stream(llama):
+    ids = _ids(14)
+    with torch.no_grad():
+        logits = llama(ids[None]).logits[0, :-1]
+    want = (torch.logsumexp(logits, -1) - logits.gather(-1, ids[1:, None])[:, 0]).double()
+    result = streaming_perplexity(llama, ids, StreamConfig(ALL, 4, 64, 14, probe_tokens=12))
+    for policy, r in result.policies.items():
+        torch.testing.assert_close(
+            torch.tensor(r.nll, dtype=torch.float64), want, atol=1e-4, rtol=1e-4, msg=policy
+        )
+        assert r.ppl == pytest.approx(math.exp(float(want.mean())), rel=1e-4)
+    assert len(result.policies["sink-auto"].sink_positions) == 4
+
+
+def test_recompute_every_k_scores_every_kth_target_and_says_so(llama):
+    ids = _ids(30)
+    cfg = StreamConfig(("sink", "recompute"), 2, 6, 30, recompute_every=4, segment=10)
+    result = streaming_perplexity(llama, ids, cfg, meta=lambda s: {"seconds": s})
+    rec, sink = result.policies["recompute"], result.policies["sink"]
+    assert [i for i, x in enumerate(rec.nll) if not math.isnan(x)] == list(range(0, 29, 4))
+    assert rec.n_scored == 8 and rec.recompute_every == 4 and rec.max_cache_len is None
+    assert sink.max_cache_len == 8 and len(sink.segment_ppl) == 3
+    # before any eviction the oracle is the cache; after, it differs only slightly
+    assert rec.nll[0] == pytest.approx(sink.nll[0], abs=1e-4)
+    assert rec.nll[4] == pytest.approx(sink.nll[4], abs=1e-4)
+    data = json.loads(json.dumps(result.to_json(), allow_nan=True))
+    assert data["on_recompute_targets"]["recompute_every"] == 4
+    assert data["on_recompute_targets"]["n_scored"] == 8
+    assert set(data["policies"]["sink"]) >= {
+        "ppl",
+        "segment_ppl",
+        "nll",
+        "tokens_per_s",
+        "peak_rss_mb",
+        "max_cache_len",
+    }
+
+
+def test_progress_callback_reports_every_policy(llama):
+    seen: dict[str, tuple[int, int]] = {}
+    streaming_perplexity(
+        llama,
+        _ids(20),
+        StreamConfig(("window", "sink"), 2, 4, 20),
+        callback=lambda p, d, n, ppl: seen.__setitem__(p, (d, n)),
+    )
+    assert seen == {"window": (19, 19), "sink": (19, 19)}
+
+
+def test_segment_ppl_skips_nan():
+    nll = torch.tensor([0.0, math.nan, math.log(4.0), math.log(4.0)])
+    assert segment_ppl(nll, 2) == pytest.approx([1.0, 4.0])
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "needle"),
+    [
+        (dict(n_sink=0), "n_sink"),
+        (dict(window=-1), "window"),
+        (dict(policies=("x",)), "unknown"),
+        (dict(recompute_every=0), "recompute_every"),
+        (dict(n_tokens=1), "at least 2"),
+    ],
+)
+def test_bad_stream_configs(kwargs, needle):
+    with pytest.raises(SinklabError, match=needle):
+        StreamConfig(**kwargs)
+
+
+@pytest.mark.filterwarnings("ignore::FutureWarning")
+def test_generate_is_bounded_streams_text_and_is_seeded(tiny_model_factory, tiny_tokenizer):
+    model = tiny_model_factory("llama", seed=6)
+    prompt = torch.tensor(tiny_tokenizer("To be or not to be").input_ids)
+    cfg = GenerateConfig(max_new_tokens=40, n_sink=2, window=6, stop_at_eos=False)
+    pieces: list[str] = []
+    res = generate(model, tiny_tokenizer, prompt, cfg, on_text=pieces.append)
+    assert len(res.new_tokens) == 40 and res.max_cache_len == 8
+    assert "".join(pieces) == res.text == tiny_tokenizer.decode(res.new_tokens)
+    hot = GenerateConfig(max_new_tokens=20, n_sink=2, window=6, temperature=1.5, seed=3)
+    a, b = (generate(model, tiny_tokenizer, prompt, hot).new_tokens for _ in range(2))
+    assert a == b
+
+
+# ----------------------------------------------------------------------------- SmolLM2
+@pytest.mark.integration
+def test_smollm2_window_collapses_sink_tracks_recompute(smollm2):
+    """StreamingLLM's finding on the real model, kept cheap: n_sink 4 + window 60 over 400 tokens
+    of the default corpus, the oracle scored on every 10th target.
+
+    Measured here: PPL on targets past the window (t >= 64) window 93.6 vs sink 25.6; on the
+    recompute targets sink 25.9 vs recompute 25.6 (+1.2%). Bounds leave 2x margin on the gap
+    (window > 2 x sink) and ~4x on the sink/recompute difference (within 5%).
+    """
+    from sinklab.corpus import load_text, token_stream
+
+    ids = token_stream(load_text(), smollm2.tokenizer, 400)
+    cfg = StreamConfig(("window", "sink", "recompute"), 4, 60, 400, recompute_every=10)
+    result = streaming_perplexity(smollm2.model, ids, cfg)
+    past = {p: torch.tensor(r.nll[64:], dtype=torch.float64) for p, r in result.policies.items()}
+    ppl = {p: math.exp(float(x[~x.isnan()].mean())) for p, x in past.items()}
+    assert ppl["window"] > 2 * ppl["sink"], ppl
+    scored = result.scored_ppl()
+    assert abs(scored["sink"] / scored["recompute"] - 1) < 0.05, scored
