@@ -60,7 +60,7 @@ def report(
     Example: sinklab report --quick --out my-report
     """
     from sinklab.report import ReportConfig, build_report, check_out_dir, select_stages
-    from sinklab.report.stages import parse_overrides
+    from sinklab.report.stages import StageResult, parse_overrides
 
     chosen = select_stages(stages.split(",") if stages is not None else None)
     config = ReportConfig.preset(quick, **parse_overrides(overrides or []))
@@ -85,6 +85,10 @@ def report(
             def update(done: float, total: float, label: str) -> None:
                 prog.update(task, completed=done, total=total, description=label)
 
+            def stage_done(r: StageResult) -> None:
+                mark = "[green]ok[/green]" if r.status == "ok" else f"[red]failed[/red]: {r.error}"
+                prog.console.print(f"  {r.name}: {mark} ({r.seconds:.1f} s)", highlight=False)
+
             result = build_report(
                 loaded,
                 txt,
@@ -94,6 +98,7 @@ def report(
                 model_spec=model or DEFAULT_MODEL,
                 text_spec=text or DEFAULT_TEXT,
                 callback=update,
+                on_stage=stage_done,
             )
     except KeyboardInterrupt:
         kept = "the previous report is intact" if (out / "index.html").exists() else "no report"
@@ -102,8 +107,6 @@ def report(
     for sentence in result.data["summary"]:
         stderr.print(f"  • {sentence}", highlight=False, soft_wrap=True)
     failed = [r for r in result.results if r.status != "ok"]
-    for r in failed:
-        stderr.print(f"[red]stage {r.name} failed:[/red] {r.error}", highlight=False)
     stderr.print(
         f"report written in {result.seconds:.0f} s "
         f"({len(result.results) - len(failed)}/{len(result.results)} stages ok)"

@@ -9,7 +9,6 @@ deleted last). A stage that raises becomes a failed section with its error; the 
 
 from __future__ import annotations
 
-import hashlib
 import os
 import shutil
 import tempfile
@@ -98,14 +97,21 @@ def build_report(
     model_spec: str,
     text_spec: str,
     callback: ReportCallback | None = None,
+    on_stage: Callable[[StageResult], None] | None = None,
 ) -> Report:
-    """Run ``stages`` in order on ``loaded`` and write the report to ``out`` (atomically)."""
+    """Run ``stages`` in order on ``loaded`` and write the report to ``out`` (atomically).
+
+    ``callback(done, total, label)`` reports progress in estimated seconds; ``on_stage(result)``
+    is called as each stage finishes.
+    """
     out = Path(out).expanduser().resolve()
     check_out_dir(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
     try:
-        report = _build_in(tmp, loaded, text, stages, config, model_spec, text_spec, callback, out)
+        report = _build_in(
+            tmp, loaded, text, stages, config, model_spec, text_spec, callback, on_stage, out
+        )
         _swap_into_place(tmp, out)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -123,6 +129,7 @@ def _build_in(
     model_spec: str,
     text_spec: str,
     callback: ReportCallback | None,
+    on_stage: Callable[[StageResult], None] | None,
     final_out: Path,
 ) -> Report:
     start = time.perf_counter()
@@ -154,6 +161,8 @@ def _build_in(
         )
         ctx.shared["out"] = final_out
         results.append(run_stage(stage, ctx))
+        if on_stage is not None:
+            on_stage(results[-1])
         done += cost
         progress(1.0, results[-1].status)
     seconds = time.perf_counter() - start
@@ -185,8 +194,3 @@ def _build_in(
     )
     (tmp / "index.html").write_text(page, encoding="utf-8")
     return Report(out=tmp, results=results, data=data, seconds=seconds)
-
-
-def text_digest(text: Text) -> str:
-    """A short, stable id of the text (for file names and the footer)."""
-    return hashlib.sha256(text.text.encode("utf-8")).hexdigest()[:16]

@@ -51,12 +51,18 @@ EXPERIMENTS: dict[str, tuple[str, str, str]] = {  # name: (title, about, figure 
 }
 
 
+GEOMETRY_TEXTS = 3  # geometry: this many texts (plays of the default corpus, else windows)
+
+
 def _params(name: str):
     def params(ctx: StageContext) -> dict[str, Any]:
         c = ctx.config
-        p: dict[str, Any] = {"tokens": ctx.cap_tokens(c.ablate_tokens), "seed": c.seed}
+        tokens = ctx.cap_tokens(c.ablate_tokens)
+        p: dict[str, Any] = {"tokens": tokens, "q0": min(c.q0, tokens - 1), "seed": c.seed}
         if name == "sensitivity":
-            p["grid"] = c.sensitivity_grid
+            p["grid"] = min(c.sensitivity_grid, tokens)
+        if name == "geometry":
+            p["texts"] = GEOMETRY_TEXTS
         return p
 
     return params
@@ -65,26 +71,28 @@ def _params(name: str):
 def _command(name: str):
     def command(ctx: StageContext) -> list[str]:
         p = _params(name)(ctx)
-        cmd = [
-            "sinklab",
-            "ablate",
-            "--experiment",
-            name,
-            "--model",
-            ctx.model_spec,
-            "--text",
-            ctx.text_spec,
-            "--tokens",
-            str(p["tokens"]),
-        ]
-        if "grid" in p:
-            cmd += ["--grid", str(p["grid"])]
-        return [*cmd, "--out", reproduce_dir(ctx, name)]
+        cmd = ["sinklab", "ablate", "--experiment", name, "--model", ctx.model_spec]
+        cmd += ["--text", ctx.text_spec, "--tokens", str(p["tokens"]), "--q0", str(p["q0"])]
+        for key in ("grid", "texts"):
+            if key in p:
+                cmd += [f"--{key}", str(p[key])]
+        return [*cmd, "--seed", str(p["seed"]), "--out", reproduce_dir(ctx, name)]
 
     return command
 
 
-GEOMETRY_TEXTS = 3  # geometry reads this many consecutive chunks of the text as separate inputs
+def _geometry_ids(ctx: StageContext, n_texts: int, n: int) -> Any:
+    """(B, T): the first T tokens of B plays for the default corpus, else B consecutive windows
+    of the text (as ``sinklab ablate --experiment geometry --texts B`` reads them)."""
+    import torch
+
+    from sinklab.corpus import DEFAULT_TEXT, documents, token_stream
+
+    tok = ctx.loaded.tokenizer
+    docs = documents(ctx.text_spec) if ctx.text_spec == DEFAULT_TEXT else [ctx.text]
+    if len(docs) >= n_texts:
+        return torch.stack([token_stream(d, tok, n) for d in docs[:n_texts]])
+    return ctx.ids(n * n_texts).view(n_texts, n)
 
 
 def _run(name: str):
@@ -92,25 +100,15 @@ def _run(name: str):
         from sinklab.ablate import AblationConfig, run_experiment
 
         p = _params(name)(ctx)
-        config = AblationConfig(
-            q0=min(ctx.config.q0, p["tokens"] - 1), grid=p.get("grid", 16), seed=p["seed"]
-        )
+        config = AblationConfig(q0=p["q0"], grid=p.get("grid", 16), seed=p["seed"])
         n = p["tokens"]
-        ids = (
-            ctx.ids(n * GEOMETRY_TEXTS).view(GEOMETRY_TEXTS, n)
-            if name == "geometry"
-            else ctx.ids(n)
-        )
+        ids = _geometry_ids(ctx, p["texts"], n) if name == "geometry" else ctx.ids(n)
 
         def callback(done: int, total: int) -> None:
             ctx.progress(done / max(1, total), f"condition {done}/{total}")
 
         result = run_experiment(name, ctx.loaded.model, ctx.loaded.tokenizer, ids, config, callback)
-        result.meta = {
-            **result.meta,
-            "model": ctx.loaded.info.to_json(),
-            "text": ctx.text.to_json(),
-        }
+        result.meta.update(model=ctx.loaded.info.to_json(), text=ctx.text.to_json())
         data = result.to_json()
         png = ctx.figures_dir / f"{name}.png"
         result.figure(png)

@@ -43,7 +43,7 @@ def _command(ctx: StageContext) -> list[str]:
         "--tokens",
         str(p["tokens"]),
         "--policy",
-        "all",
+        ",".join(POLICIES),
         "--n-sink",
         str(p["n_sink"]),
         "--window",
