@@ -105,12 +105,18 @@ def test_bad_inputs_one_line_exit_2(tiny_model_dir, args, needle):
 
 @pytest.mark.integration
 def test_smollm2_first_token_and_mask_sink_directions(smollm2):
+    # Measured on SmolLM2, shakespeare, T=128: keep 26.4, drop 27.7 (sink rate@0.3 0.77 in every
+    # mode); sink masked in all layers 27.7 (= drop: RoPE makes a cut-off token 0 the same as no
+    # token 0), first third 27.3, middle third 41.8, last third 67.1.
     from sinklab.corpus import load_text, token_stream
 
     ids = token_stream(load_text(), smollm2.tokenizer, 128)
-    cfg = AblationConfig(modes=("keep", "bos"))
+    cfg = AblationConfig(modes=("keep", "drop"))
     ft = run_experiment("first-token", smollm2.model, smollm2.tokenizer, ids, cfg).conditions
-    assert ft["keep"]["sink_rate@0.3"] > 0.2  # the sink forms at whatever token comes first
-    assert abs(ft["bos"]["sink_rate@0.3"] - ft["keep"]["sink_rate@0.3"]) < 0.15
+    assert ft["keep"]["sink_rate@0.3"] > 0.5  # the sink forms at whatever token comes first
+    assert abs(ft["drop"]["sink_rate@0.3"] - ft["keep"]["sink_rate@0.3"]) < 0.1
+    assert ft["drop"]["perplexity"] > ft["keep"]["perplexity"]
     ms = run_experiment("mask-sink", smollm2.model, smollm2.tokenizer, ids, cfg).conditions
-    assert ms["all layers"]["perplexity"] > 2 * ms["never"]["perplexity"]
+    never = ms["never"]["perplexity"]
+    assert ms["last third"]["perplexity"] > 1.5 * never < ms["middle third"]["perplexity"]
+    assert math.isclose(ms["all layers"]["perplexity"], ft["drop"]["perplexity"], rel_tol=1e-2)
