@@ -161,11 +161,13 @@ def probe_summary(model: torch.nn.Module, ids: torch.Tensor) -> dict[str, Any]:
     try:
         from sinklab.probe import ProbeConfig, probe
     except ImportError:  # the probe package has not landed: same definition, minimal handler
-        mass = _first_key_mass(model, ids)
+        mass, impl = _first_key_mass(model, ids), "fallback"
     else:
-        mass = torch.as_tensor(probe(model, ids, config=ProbeConfig(q0=0, eps=EPS)).sink_mass)
+        result = probe(model, ids, config=ProbeConfig(q0=0, eps=EPS))
+        mass, impl = torch.as_tensor(result.sink_mass), "sinklab.probe"
     mass = mass.to(torch.float64)  # (L, H)
     return {
+        "probe": impl,
         "sink_rate": {str(e): float((mass > e).double().mean()) for e in EPS},
         "first_token_sink_mass": float(mass.mean()),
         "sink_mass": mass.tolist(),
@@ -295,7 +297,9 @@ def train(
         n_train_tokens=data.n_train_tokens,
         n_sequences=int(data.ids.shape[0]),
         probe={"q0": 0, "eps": list(EPS), "key": 0, "n_tokens": int(probe_ids.numel())},
-        text="shakespeare scenes" if config.max_docs is None else f"first {config.max_docs} scenes",
+        corpus="shakespeare scenes"
+        if config.max_docs is None
+        else f"first {config.max_docs} scenes",
     )
     result = TrainResult(config, losses, checkpoints, val, meta, out)
     if out is not None:

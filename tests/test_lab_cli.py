@@ -1,0 +1,22 @@
+"""`sinklab cost` and `sinklab train` from the command line."""
+
+from __future__ import annotations
+
+import json
+
+from test_cli import assert_one_line_error, run_cli
+
+
+def test_cost_cli_writes_json_and_figure(tmp_path):
+    proc = run_cli("cost", "--lengths", "8,16", "--task", "sink", "--out", str(tmp_path))
+    assert proc.returncode == 0, proc.stderr
+    data = json.loads((tmp_path / "cost.json").read_text())
+    assert [r["T"] for r in data["rows"]] == [8, 16] and all(r["realised"] for r in data["rows"])
+    assert (tmp_path / "cost.png").is_file() and (tmp_path / "cost.json").is_file()
+    assert "realised at every T: True" in proc.stderr
+    assert "fro_qk" in data["fits"]["sink"] and "fro_vo" not in data["fits"]["sink"]  # W_VO = 0
+
+
+def test_train_cli_bad_inputs_exit_2_with_one_line():
+    assert_one_line_error(run_cli("train", "--variant", "relu"), "unknown variant")
+    assert_one_line_error(run_cli("cost", "--lengths", "2,x"), "--lengths")
