@@ -242,6 +242,9 @@ def train(
     """
     if config.device == "cuda" and not torch.cuda.is_available():
         raise SinklabError("--device cuda but no CUDA device is visible; use --device cpu")
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # the CLI shows its own progress
     t0 = time.perf_counter()
     if data is None or data.config != config.data_config():
         data = LabData(config.data_config(), tokenizer=data.tokenizer if data else None)
