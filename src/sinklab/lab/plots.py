@@ -86,8 +86,9 @@ def plot_cost(rows: Sequence[dict[str, Any]], fits: dict[str, Any], path: Path) 
             t = [r["T"] for r in sub]
             y = [r[f"{norm}_total"] for r in sub]
             fit = fits[task][f"{norm}_total"]
-            ax.loglog(t, y, "o", label=f"{task}: T^{fit['exponent']:.2f}")
-            ax.loglog(t, [fit["coef"] * tt ** fit["exponent"] for tt in t], "--", lw=0.8)
+            (dots,) = ax.loglog(t, y, "o", label=f"{task}: T^{fit['exponent']:.2f}")
+            fitted = [fit["coef"] * tt ** fit["exponent"] for tt in t]
+            ax.loglog(t, fitted, "--", lw=0.8, color=dots.get_color())
         name = "Frobenius" if norm == "fro" else "nuclear"
         ax.set(xlabel="context length T (tokens)", ylabel=f"{name} norm ||W_QK|| + ||W_VO||")
         ax.set_title(f"cost of a pattern ({name})")
