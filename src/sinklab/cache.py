@@ -21,13 +21,11 @@ cache-relative positions only need the right differences:
   step and layer instead of ``O(window)`` for "re-rotate the window on eviction" or
   "un-rotated keys, rotate on use".
 
-Storage is a preallocated ring of ``n_sink + window + 1`` slots per layer (the extra slot is where
-the incoming token is written; it attends to the ``n_sink + window`` kept positions plus itself,
-exactly StreamingLLM's step). A decode step writes one slot and rewrites the sink slots; no KV
-tensor is concatenated or copied, so a step is cheaper than ``DynamicCache``'s ``torch.cat`` at
-the same length. With one query, attention is order-free (no mask, positions are in the keys);
-multi-token chunks see the kept keys first and the chunk last, in order, under the causal mask
-transformers builds from :meth:`SinkCache.get_mask_sizes`.
+Storage is a preallocated ring of ``n_sink + window + 1`` slots per layer; the extra slot takes
+the incoming token, which attends to the kept positions plus itself (StreamingLLM's step). A
+decode step writes one slot and rewrites the sink slots: no KV tensor is concatenated, unlike
+``DynamicCache``. One query needs no mask (positions live in the keys); multi-token chunks get
+the kept keys then the chunk, under the causal mask built from :meth:`SinkCache.get_mask_sizes`.
 
 The price: the model sees positions up to the stream length, so float32 angles carry an error of
 about ``position * 6e-8`` rad (1e-3 rad at 20k tokens), as in any long-context use of a model.
@@ -46,80 +44,17 @@ from torch import Tensor
 from transformers.cache_utils import Cache, CacheLayerMixin
 
 from sinklab.errors import SinklabError
+from sinklab.policy import CACHE_POLICIES, POLICIES, CacheConfig, kept_positions
 from sinklab.rotary import rope_of, text_config
 
-POLICIES = ("dense", "window", "sink", "recompute", "sink-auto")
-CACHE_POLICIES = ("dense", "window", "sink", "sink-auto")  # recompute is not a cache
-
-
-@dataclass(frozen=True)
-class CacheConfig:
-    """What to keep. ``window`` policy keeps ``n_sink + window`` recent positions (same memory as
-    ``sink``, no sinks: StreamingLLM's collapsing baseline); ``sink-auto`` keeps ``sink_positions``
-    (chosen from measured attention, each below ``n_sink + window``) instead of 0..n_sink-1."""
-
-    policy: str = "sink"
-    n_sink: int = 4
-    window: int = 508
-    sink_positions: tuple[int, ...] | None = None  # only for sink-auto
-
-    def __post_init__(self) -> None:
-        if self.policy not in CACHE_POLICIES:
-            raise SinklabError(
-                f"cache policy {self.policy!r} is not one of {', '.join(CACHE_POLICIES)}"
-            )
-        if self.n_sink < 1 or self.window < 1:
-            raise SinklabError(
-                f"n_sink and window must be positive, got n_sink={self.n_sink}, "
-                f"window={self.window}; e.g. --n-sink 4 --window 508"
-            )
-        if self.policy == "sink-auto":
-            pos = self.sink_positions
-            if not pos or len(pos) > self.n_sink or len(set(pos)) != len(pos):
-                raise SinklabError(
-                    f"sink-auto needs 1..{self.n_sink} distinct sink positions, got {pos!r}"
-                )
-            if min(pos) < 0 or max(pos) >= self.n_sink + self.window:
-                raise SinklabError(
-                    f"sink positions must lie in 0..{self.n_sink + self.window - 1} (they must "
-                    f"still be cached when eviction starts), got {pos!r}"
-                )
-        elif self.sink_positions is not None:
-            raise SinklabError("sink_positions is only meaningful for the sink-auto policy")
-
-    @property
-    def capacity(self) -> int | None:
-        """Most positions kept between steps (None: unbounded)."""
-        return None if self.policy == "dense" else self.n_sink + self.window
-
-    @property
-    def sinks(self) -> tuple[int, ...]:
-        """Stream positions kept as sinks."""
-        if self.policy == "sink":
-            return tuple(range(self.n_sink))
-        if self.policy == "sink-auto":
-            return tuple(sorted(self.sink_positions or ()))
-        return ()
-
-    @property
-    def recent(self) -> int | None:
-        """How many most-recent non-sink positions are kept."""
-        return {"dense": None, "window": self.n_sink + self.window}.get(self.policy, self.window)
-
-
-def kept_positions(n_seen: int, sinks: tuple[int, ...], recent: int | None) -> list[int]:
-    """The stream positions kept after ``n_seen`` tokens: the sinks seen so far plus the
-    ``recent`` most recent non-sink positions, in stream order. (The eviction policy, pure.)"""
-    if recent is None:
-        return list(range(n_seen))
-    sink_set = set(sinks)
-    tail: list[int] = []
-    t = n_seen - 1
-    while t >= 0 and len(tail) < recent:
-        if t not in sink_set:
-            tail.append(t)
-        t -= 1
-    return sorted([s for s in sinks if s < n_seen] + tail)
+__all__ = [
+    "CACHE_POLICIES",
+    "POLICIES",
+    "CacheConfig",
+    "SinkCache",
+    "SinkLayer",
+    "kept_positions",
+]
 
 
 @dataclass
@@ -133,7 +68,7 @@ class _Step:
     new_sinks: list[int] = field(default_factory=list)  # indices of new tokens that are sinks
     rewrite_idx: list[int] = field(default_factory=list)  # sinks to re-rotate ...
     rewrite_at: Tensor | slice | None = None  # ... into these slots (ring) / gathered rows (chunk)
-    cos_sin: tuple[Tensor, Tensor] | None = None  # their rotation, float64
+    delta: Tensor | None = None  # ... by these many positions (S,)
 
 
 class SinkLayer(CacheLayerMixin):
@@ -148,6 +83,7 @@ class SinkLayer(CacheLayerMixin):
         super().__init__()
         self.owner = owner
         self.sink_keys: Tensor | None = None  # (B, H_kv, S, D) as rotated at their own positions
+        self.sink_half: Tensor | None = None  # rotate_half(sink_keys), precomputed
 
     def lazy_initialization(self, key_states: Tensor, value_states: Tensor) -> None:
         self.device = key_states.device
@@ -168,7 +104,12 @@ class SinkLayer(CacheLayerMixin):
         if step.new_sinks:
             idx = torch.tensor(step.new_sinks, device=self.device)
             new = key_states.index_select(-2, idx)
-            self.sink_keys = new if self.sink_keys is None else torch.cat((self.sink_keys, new), -2)
+            half = self.owner.rope.rotate_half(new)
+            if self.sink_keys is None or self.sink_half is None:
+                self.sink_keys, self.sink_half = new, half
+            else:
+                self.sink_keys = torch.cat((self.sink_keys, new), -2)
+                self.sink_half = torch.cat((self.sink_half, half), -2)
         if self.owner.capacity is None:  # dense
             self.keys = torch.cat((self.keys, key_states), dim=-2)
             self.values = torch.cat((self.values, value_states), dim=-2)
@@ -192,13 +133,22 @@ class SinkLayer(CacheLayerMixin):
         return full_k, full_v
 
     def _rewrite(self, step: _Step, target: Tensor) -> None:
-        """Rotate the sinks in ``step.rewrite_idx`` from their original keys into their slots."""
-        assert self.sink_keys is not None and step.rewrite_at is not None
+        """Rotate the sinks in ``step.rewrite_idx`` from their original keys into their slots:
+        ``k cos + rotate_half(k) sin``, written in place when the slots are a slice."""
+        assert self.sink_keys is not None and self.sink_half is not None
+        assert step.rewrite_at is not None and step.delta is not None
         idx, n = step.rewrite_idx, len(step.rewrite_idx)
-        src = self.sink_keys[:, :, :n] if idx == list(range(n)) else self.sink_keys[:, :, idx]
-        assert step.cos_sin is not None
-        cos, sin = self.owner._cast(step.cos_sin, src.dtype, self.device)
-        target[:, :, step.rewrite_at] = self.owner.rope.rotate(src, cos, sin)
+        if idx == list(range(n)):
+            src, half = self.sink_keys[:, :, :n], self.sink_half[:, :, :n]
+        else:
+            src, half = self.sink_keys[:, :, idx], self.sink_half[:, :, idx]
+        cos, sin = self.owner._cast(step.delta, src.dtype, self.device, src.shape[-1])
+        if isinstance(step.rewrite_at, slice):
+            dst = target[:, :, step.rewrite_at]
+            torch.mul(src, cos, out=dst)
+            dst.addcmul_(half, sin)
+        else:
+            target[:, :, step.rewrite_at] = torch.addcmul(src * cos, half, sin)
 
     def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
         return self.owner.get_mask_sizes(query_length, 0)
@@ -210,11 +160,11 @@ class SinkLayer(CacheLayerMixin):
         return -1 if self.owner.capacity is None else self.owner.capacity
 
     def reset(self) -> None:
-        self.keys = self.values = self.sink_keys = None
+        self.keys = self.values = self.sink_keys = self.sink_half = None
         self.is_initialized = False
 
     def _map(self, fn) -> None:
-        for name in ("keys", "values", "sink_keys"):
+        for name in ("keys", "values", "sink_keys", "sink_half"):
             if (t := getattr(self, name)) is not None:
                 setattr(self, name, fn(t))
 
@@ -317,13 +267,15 @@ class SinkCache(Cache):
         self.sink_slots: list[int] = []
         self.sink_rot: list[int] = []  # position each sink slot is rotated at now
         self._sink_set = set(self.sinks)
-        self._cast_cache: dict[tuple[torch.dtype, Any], tuple[Tensor, Tensor]] = {}
+        self._cast_cache: dict[tuple[Any, ...], tuple[Tensor, Tensor]] = {}
         self._step: _Step | None = None
 
-    def _cast(self, cs: tuple[Tensor, Tensor], dtype: torch.dtype, device: Any):
-        key = (dtype, device)
+    def _cast(self, cs: tuple[Tensor, Tensor], dtype: torch.dtype, device: Any, dim: int):
+        """The step's sink rotation (float64 angles) as cos, sin (S, dim), once per dtype."""
+        key = (dtype, device, dim)
         if key not in self._cast_cache:
-            self._cast_cache[key] = (cs[0].to(device, dtype), cs[1].to(device, dtype))
+            cos, sin = self.rope.cos_sin(cs, dtype, dim)
+            self._cast_cache[key] = (cos.to(device), sin.to(device))
         return self._cast_cache[key]
 
     def _begin(self, q: int, position_ids: Tensor | None) -> None:
@@ -346,19 +298,18 @@ class SinkCache(Cache):
         tail_min = self.slot_pos[self.ring[0]] if self.ring else t
         targets = [offset + i if p < tail_min else p for i, p in enumerate(self.sink_pos)]
         rewrite = [i for i, tg in enumerate(targets) if tg != self.sink_rot[i]]
-        cos_sin = None
+        delta = None
         if rewrite:
             delta = torch.tensor([targets[i] - self.sink_pos[i] for i in rewrite])
-            cos_sin = self.rope.cos_sin(delta, torch.float64)
         for i in rewrite:
             self.sink_rot[i] = targets[i]
         if q == 1:
-            self._ring_step(t, new_sinks, rewrite, cos_sin)
+            self._ring_step(t, new_sinks, rewrite, delta)
         else:
-            self._chunk_step(t, q, new_sinks, rewrite, cos_sin)
+            self._chunk_step(t, q, new_sinks, rewrite, delta)
         self.seen += q
 
-    def _ring_step(self, t, new_sinks, rewrite, cos_sin) -> None:
+    def _ring_step(self, t, new_sinks, rewrite, delta) -> None:
         assert len(self.free) <= 1, "ring invariant: at most one free slot between steps"
         if self.free:
             slot = self.free.pop()
@@ -375,13 +326,13 @@ class SinkCache(Cache):
         where: Tensor | slice | None = torch.tensor(slots) if slots else None
         if slots and slots == list(range(slots[0], slots[0] + len(slots))):  # the usual case
             where = slice(slots[0], slots[0] + len(slots))
-        self._step = _Step(slot, self.n_used, None, None, new_sinks, rewrite, where, cos_sin)
+        self._step = _Step(slot, self.n_used, None, None, new_sinks, rewrite, where, delta)
         while len(self.ring) > self.recent:
             old = self.ring.popleft()
             self.slot_pos[old] = -1
             self.free.append(old)
 
-    def _chunk_step(self, t, q, new_sinks, rewrite, cos_sin) -> None:
+    def _chunk_step(self, t, q, new_sinks, rewrite, delta) -> None:
         order = sorted((p, s) for s, p in enumerate(self.slot_pos[: self.n_used]) if p >= 0)
         positions = [p for p, _ in order] + list(range(t, t + q))
         row_of_sink = {p: r for r, (p, _) in enumerate(order)}
@@ -391,7 +342,7 @@ class SinkCache(Cache):
         keep_rows = torch.tensor([row[p] for p in keep], dtype=torch.long)
         gather = torch.tensor([s for _, s in order], dtype=torch.long)
         at = rows if rewrite else None
-        self._step = _Step(None, 0, gather, keep_rows, new_sinks, rewrite, at, cos_sin)
+        self._step = _Step(None, 0, gather, keep_rows, new_sinks, rewrite, at, delta)
         # the re-packed ring: slot i holds keep[i]
         self.slot_pos = keep + [-1] * (self.capacity + 1 - len(keep))
         self.n_used, self.free = len(keep), []

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 from sinklab.errors import SinklabError
@@ -35,24 +36,27 @@ class Rope:
     rot_dim: int
     rope_type: str
 
-    def cos_sin(self, delta: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
-        """Rotation by ``delta`` positions (S,) -> cos, sin (S, rot_dim) in ``dtype``."""
+    def cos_sin(self, delta: Tensor, dtype: torch.dtype, dim: int | None = None):
+        """Rotation by ``delta`` positions (S,) -> cos, sin (S, dim) in ``dtype``; angles in
+        float64. Dims past ``rot_dim`` (partial RoPE) get cos 1, sin 0: left alone."""
         ang = delta.to(torch.float64)[:, None] * self.inv_freq[None, :]  # (S, rot_dim/2)
         ang = torch.cat((ang, ang), dim=-1)  # (S, rot_dim)
-        return ang.cos().to(dtype), ang.sin().to(dtype)
+        cos, sin = ang.cos(), ang.sin()
+        if dim is not None and dim > self.rot_dim:
+            pad = (0, dim - self.rot_dim)
+            cos, sin = F.pad(cos, pad, value=1.0), F.pad(sin, pad, value=0.0)
+        return cos.to(dtype), sin.to(dtype)
 
-    def rotate(self, x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-        """Rotate ``x`` (..., S, D) by per-position ``cos``/``sin`` (S, rot_dim)."""
+    def rotate_half(self, x: Tensor) -> Tensor:
+        """(..., D) -> Llama's rotate_half over the first ``rot_dim`` dims, zeros after."""
         r, half = self.rot_dim, self.rot_dim // 2
-        xr = x[..., :r]
-        rot = torch.cat((-xr[..., half:], xr[..., :half]), dim=-1)
-        out = xr * cos + rot * sin
-        return out if r == x.shape[-1] else torch.cat((out, x[..., r:]), dim=-1)
+        rot = torch.cat((-x[..., half:r], x[..., :half]), dim=-1)
+        return rot if r == x.shape[-1] else F.pad(rot, (0, x.shape[-1] - r))
 
     def shift(self, x: Tensor, delta: Tensor) -> Tensor:
         """``x`` (..., S, D) rotated by ``delta`` (S,) positions."""
-        cos, sin = self.cos_sin(delta.to(x.device), x.dtype)
-        return self.rotate(x, cos, sin)
+        cos, sin = self.cos_sin(delta.to(x.device), x.dtype, x.shape[-1])
+        return x * cos + self.rotate_half(x) * sin
 
 
 def text_config(model: Any) -> Any:
