@@ -154,3 +154,18 @@ def test_generic_view_tables_and_curves_point_into_the_json(tmp_path):
     cells = [row[1] for row in tables[0].rows]
     assert [lookup(data, c.path) for c in cells] == [12.1, 410.3]
     assert len(figs) == 1 and figs[0].path.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_remove_stale_builds_only_touches_dead_runs(tmp_path):
+    import os
+
+    from sinklab.report.build import remove_stale_builds
+
+    out = tmp_path / "report"
+    dead = tmp_path / ".report.tmp-999999999-abc"
+    mine = tmp_path / f".report.tmp-{os.getpid()}-xyz"
+    other = tmp_path / ".other.tmp-999999999-abc"
+    for d in (dead, mine, other):
+        d.mkdir()
+    assert remove_stale_builds(out) == [dead]
+    assert mine.is_dir() and other.is_dir() and not dead.exists()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import signal
 from pathlib import Path
 from typing import Annotated
 
@@ -21,6 +22,10 @@ from sinklab.corpus import DEFAULT_TEXT, load_text
 from sinklab.models import DEFAULT_MODEL, load_model
 
 DEFAULT_OUT = Path("sinklab-report")
+
+
+def _terminate(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt  # SIGTERM: same clean stop as Ctrl-C (temporary folder removed)
 
 
 def report(
@@ -66,6 +71,7 @@ def report(
     config = ReportConfig.preset(quick, **parse_overrides(overrides or []))
     out = out.expanduser().resolve()
     check_out_dir(out)  # cheap checks first: a bad folder fails before the model loads
+    previous_term = signal.signal(signal.SIGTERM, _terminate)  # clean up like Ctrl-C
     try:
         with stderr.status("loading model and text"):
             txt = load_text(text)
@@ -104,6 +110,8 @@ def report(
         kept = "the previous report is intact" if (out / "index.html").exists() else "no report"
         stderr.print(f"sinklab: interrupted; nothing was written ({kept} at {out})")
         raise typer.Exit(130) from None
+    finally:
+        signal.signal(signal.SIGTERM, previous_term)
     for sentence in result.data["summary"]:
         stderr.print(f"  • {sentence}", highlight=False, soft_wrap=True)
     failed = [r for r in result.results if r.status != "ok"]

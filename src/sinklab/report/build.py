@@ -57,6 +57,29 @@ def check_out_dir(out: Path) -> None:
         )
 
 
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def remove_stale_builds(out: Path) -> list[Path]:
+    """Delete ``.DIR.tmp-PID-*`` / ``.DIR.old-PID`` folders left by runs that were killed hard
+    (SIGKILL, power loss) and whose process is gone; returns what was removed."""
+    removed = []
+    for prefix in (f".{out.name}.tmp-", f".{out.name}.old-"):
+        for path in out.parent.glob(prefix + "*"):
+            pid = path.name.removeprefix(prefix).split("-")[0]
+            if path.is_dir() and pid.isdigit() and not _alive(int(pid)):
+                shutil.rmtree(path, ignore_errors=True)
+                removed.append(path)
+    return removed
+
+
 def _swap_into_place(tmp: Path, out: Path) -> None:
     """Move the finished ``tmp`` folder to ``out``, replacing a previous report last."""
     old = None
@@ -107,7 +130,8 @@ def build_report(
     out = Path(out).expanduser().resolve()
     check_out_dir(out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+    remove_stale_builds(out)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-{os.getpid()}-", dir=out.parent))
     try:
         report = _build_in(
             tmp, loaded, text, stages, config, model_spec, text_spec, callback, on_stage, out

@@ -205,6 +205,7 @@ class StageResult:
     output: StageOutput | None = None
     error: str | None = None  # one line: "ExceptionType: message"
     traceback: str | None = None
+    cpu_seconds: float | None = None  # process CPU time (all threads) spent in the stage
 
     def to_json(self, figure_root: Path) -> dict[str, Any]:
         """The stage's entry in ``results.json`` (figure paths relative to the report folder)."""
@@ -213,6 +214,7 @@ class StageResult:
             "title": self.title,
             "status": self.status,
             "seconds": round(self.seconds, 3),
+            "cpu_seconds": None if self.cpu_seconds is None else round(self.cpu_seconds, 3),
             "params": self.params,
             "command": self.command,
             "error": self.error,
@@ -238,7 +240,7 @@ def describe_error(exc: BaseException) -> str:
 
 def run_stage(stage: Stage, ctx: StageContext) -> StageResult:
     """Run one stage; any ``Exception`` becomes a failed result (KeyboardInterrupt propagates)."""
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), time.process_time()
     params: dict[str, Any] = {}
     command: list[str] = []
     try:
@@ -246,7 +248,7 @@ def run_stage(stage: Stage, ctx: StageContext) -> StageResult:
         command = stage.command(ctx)
         output = stage.run(ctx)
     except Exception as exc:
-        return StageResult(
+        result = StageResult(
             stage.name,
             stage.title,
             stage.about,
@@ -257,16 +259,19 @@ def run_stage(stage: Stage, ctx: StageContext) -> StageResult:
             error=describe_error(exc),
             traceback="".join(traceback.format_exception(exc, limit=-8)),
         )
-    return StageResult(
-        stage.name,
-        stage.title,
-        stage.about,
-        "ok",
-        time.perf_counter() - start,
-        params,
-        command,
-        output=output,
-    )
+    else:
+        result = StageResult(
+            stage.name,
+            stage.title,
+            stage.about,
+            "ok",
+            time.perf_counter() - start,
+            params,
+            command,
+            output=output,
+        )
+    result.cpu_seconds = time.process_time() - cpu
+    return result
 
 
 def reproduce_dir(ctx: StageContext, name: str) -> str:
