@@ -137,6 +137,20 @@ def generic_view(
     """
     figs: list[FigureSpec] = []
     tables: list[TableSpec] = []
+    n_layers = data.get("meta", {}).get("model", {}).get("n_layers")
+    flat = [k for k, v in data.items() if _is_series(v) and len(v) == n_layers]
+    if flat:  # top-level per-layer lists (e.g. geometry's mean_first_token_cosine)
+        n = max(len(data[k]) for k in flat)
+        tables.append(
+            TableSpec(
+                "per layer",
+                ("layer", *(k.replace("_", " ") for k in flat)),
+                tuple(
+                    (Cell(i), *(Cell(None, (k, i)) if i < len(data[k]) else Cell("") for k in flat))
+                    for i in range(n)
+                ),
+            )
+        )
     for key, block in data.items():
         if key in ("meta", "finding") or not isinstance(block, dict) or not block:
             continue
