@@ -40,14 +40,14 @@ def ok(name: str, data: dict) -> StageResult:
 
 def test_probe_sentences_are_computed_from_numbers():
     cfg = ReportConfig()
-    assert sink_rate_sentence(PROBE, cfg).startswith("50% of the 6 heads (3 layers x 2)")
+    assert sink_rate_sentence(PROBE, cfg).startswith("Sink rate: 50% of the 6 heads (3 layers x 2)")
     assert "(33% put more than 0.8), over 512 tokens with q0 = 16" in sink_rate_sentence(PROBE, cfg)
     depth = sink_depth_sentence(PROBE, cfg)
     assert "from layer 1" in depth and "layers 0 have no sink head" in depth
     assert "densest is layer 2 (100%" in depth
     pos = sink_positions_sentence(PROBE, cfg)
     assert pos == (
-        "The strongest sink is key position 0 (mean received attention 0.61); "
+        "Sink positions: the strongest sink is key position 0 (mean received attention 0.61); "
         "other sink positions: 7."
     )
 
@@ -60,7 +60,7 @@ def test_length_and_stream_sentences():
         ]
     }
     assert length_sentence(trend, ReportConfig()) == (
-        "With context length the sink rate rises from 40% at 128 tokens to 60% at 512 tokens."
+        "Context length: the sink rate rises from 40% at 128 tokens to 60% at 512 tokens."
     )
     stream = {
         "meta": {"params": {"n_sink": 4, "window": 60}, "n_tokens": 600},
@@ -73,7 +73,7 @@ def test_length_and_stream_sentences():
         "on_recompute_targets": {"n_scored": 30, "ppl": {"sink": 31.0, "recompute": 30.5}},
     }
     assert stream_sentence(stream, ReportConfig()) == (
-        "Streaming 600 tokens with 4 sinks + a 60-token window gives perplexity 30.0; the same "
+        "Streaming: 600 tokens with 4 sinks + a 60-token window give perplexity 30.0; the same "
         "memory without sinks (window only) gives 90.0 (3.00x, worse), and the full dense cache "
         "25.0. On the 30 targets the recompute oracle scored: sink 31.0 vs recompute 30.5."
     )
@@ -85,8 +85,8 @@ def test_headline_skips_what_it_cannot_compute_and_names_failures():
     finding = ok("mask-sink", {"finding": "masking the sink raises perplexity from 12.1 to 410.3"})
     lines = headline([broken, failed, finding], ReportConfig())
     assert lines == [
-        "Ablation mask-sink: Masking the sink raises perplexity from 12.1 to 410.3.",
-        "1 stage(s) failed and are shown with their error: stream.",
+        "Ablation, mask-sink: masking the sink raises perplexity from 12.1 to 410.3.",
+        "Failed: 1 stage(s) did not run and show their error: stream.",
     ]
 
 

@@ -192,7 +192,7 @@ def _cell(path: JsonPath, row: dict[str, Any], field: str) -> Cell:
 
 def _cost(name: str):
     def cost(c: ReportConfig) -> float:
-        base = {"sensitivity": 6.0 * c.sensitivity_grid, "density": 20.0, "geometry": 15.0}
+        base = {"sensitivity": 10.0 * c.sensitivity_grid, "density": 20.0, "geometry": 6.0}
         return base.get(name, 10.0) * (c.ablate_tokens / 256)
 
     return cost

@@ -46,9 +46,12 @@ nav a { color: var(--accent); text-decoration: none; }
 .error { background:#fef3f2; border:1px solid #fecdca; color: var(--bad); border-radius:8px;
          padding: 10px 14px; font-family: ui-monospace, Menlo, Consolas, monospace;
          font-size: 13px; overflow-wrap: anywhere; }
-.figs { display:grid; grid-template-columns: repeat(auto-fit, minmax(420px, 1fr)); gap: 14px; }
-figure { margin:0; } figure img { width:100%; height:auto; border:1px solid var(--line);
-         border-radius:6px; background:#fff; }
+.figs { display:flex; flex-wrap: wrap; gap: 14px; align-items: flex-start; }
+figure { margin:0; flex: 1 1 420px; max-width: 660px; }
+figure.wide { flex-basis: 100%; max-width: 100%; }
+figure img { width:100%; height:auto; border:1px solid var(--line); border-radius:6px;
+             background:#fff; }
+.summary b { color: var(--accent); }
 figcaption { font-size: 13px; color: var(--muted); margin-top: 4px; }
 .tables { display:flex; flex-wrap: wrap; gap: 8px 28px; align-items: flex-start; margin-top: 12px; }
 .tbl { max-width: 100%; }
@@ -92,6 +95,21 @@ def fmt(value: Any) -> str:
 
 def data_uri(png: Path) -> str:
     return "data:image/png;base64," + base64.b64encode(png.read_bytes()).decode("ascii")
+
+
+def _wide(png: Path) -> str:
+    """' class="wide"' for a PNG wider than 900 px (multi-panel figures get the full width)."""
+    head = png.read_bytes()[:24]
+    width = int.from_bytes(head[16:20], "big") if head[12:16] == b"IHDR" else 0
+    return ' class="wide"' if width > 900 else ""
+
+
+def _sentence(text: str) -> str:
+    """A summary sentence, its 'Label:' lead (if short) in bold."""
+    lead, sep, rest = text.partition(": ")
+    if sep and len(lead) <= 28:
+        return f"<b>{_e(lead)}:</b> {_e(rest)}"
+    return _e(text)
 
 
 def _e(text: Any) -> str:
@@ -148,7 +166,7 @@ def _section(result: StageResult) -> str:
         parts += [f'<p class="note">{_e(n)}</p>' for n in out.notes]
         if out.figures:
             figs = "".join(
-                f'<figure><img src="{data_uri(f.path)}" alt="{_e(f.caption)}">'
+                f'<figure{_wide(f.path)}><img src="{data_uri(f.path)}" alt="{_e(f.caption)}">'
                 f"<figcaption>{_e(f.caption)}</figcaption></figure>"
                 for f in out.figures
             )
@@ -181,7 +199,10 @@ def render_page(
         f'<span class="badge {r.status}">{_e(r.status)}</span></li>'
         for r in results
     )
-    items = "".join(f"<li>{_e(s)}</li>" for s in summary) or "<li>No stage produced numbers.</li>"
+    items = (
+        "".join(f"<li>{_sentence(s)}</li>" for s in summary)
+        or "<li>No stage produced numbers.</li>"
+    )
     foot = " · ".join(f"{_e(k)}: <code>{_e(v)}</code>" for k, v in footer.items())
     sections = "\n".join(_section(r) for r in results)
     return f"""<!DOCTYPE html>

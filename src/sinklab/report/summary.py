@@ -51,8 +51,9 @@ def sink_rate_sentence(probe: dict[str, Any], config: ReportConfig) -> str:
     tokens = meta.get("n_tokens") or meta.get("tokens") or config.probe_tokens
     q0 = meta.get("q0", meta.get("params", {}).get("q0", config.q0))
     return (
-        f"{_pct(rate['0.3'])} of the {n_heads} heads ({len(mass)} layers x {len(mass[0])}) are "
-        f"sink heads, putting more than 0.3 of their attention on the first token "
+        f"Sink rate: {_pct(rate['0.3'])} of the {n_heads} heads "
+        f"({len(mass)} layers x {len(mass[0])}) are sink heads, putting more than 0.3 of "
+        f"their attention on the first token "
         f"({_pct(rate['0.8'])} put more than 0.8), over {tokens} tokens with q0 = {q0}."
     )
 
@@ -63,7 +64,7 @@ def sink_depth_sentence(probe: dict[str, Any], config: ReportConfig) -> str:
     share = [sum(m > eps for m in row) / len(row) for row in mass]
     none = [layer for layer, s in enumerate(share) if s == 0]
     if len(none) == len(share):
-        return f"By depth: no layer has a sink head (sink mass > {eps:g})."
+        return f"Depth: no layer has a sink head (sink mass > {eps:g})."
     majority = [layer for layer, s in enumerate(share) if s >= 0.5]
     best = max(range(len(share)), key=share.__getitem__)
     parts = []
@@ -75,18 +76,21 @@ def sink_depth_sentence(probe: dict[str, Any], config: ReportConfig) -> str:
         f"layers {_ranges(none)} have no sink head" if none else "every layer has a sink head"
     )
     parts.append(f"the densest is layer {best} ({_pct(share[best])} of its heads)")
-    return "By depth: " + "; ".join(parts) + "."
+    return "Depth: " + "; ".join(parts) + f" (a sink head has sink mass > {eps:g})."
 
 
 def sink_positions_sentence(probe: dict[str, Any], config: ReportConfig) -> str | None:
     positions = probe["sink_positions"]
     if not positions:
-        return "No key position receives attention far above uniform."
+        return "Sink positions: no key position receives attention far above uniform."
     first = positions[0]
     pos, value = _position(first)
     others = [str(_position(p)[0]) for p in positions[1:6]]
     tail = f"; other sink positions: {', '.join(others)}" if others else "; no other sink position"
-    return f"The strongest sink is key position {pos} (mean received attention {value:.2f}){tail}."
+    return (
+        f"Sink positions: the strongest sink is key position {pos} "
+        f"(mean received attention {value:.2f}){tail}."
+    )
 
 
 def _position(entry: Any) -> tuple[int, float]:
@@ -105,10 +109,10 @@ def length_sentence(lengths: dict[str, Any], config: ReportConfig) -> str | None
     t0, t1 = a["tokens"], b["tokens"]
     ra, rb = a["sink_rate"]["0.3"], b["sink_rate"]["0.3"]
     if abs(rb - ra) <= 0.01:
-        return f"With context length the sink rate stays near {_pct(rb)} from {t0} to {t1} tokens."
+        return f"Context length: the sink rate stays near {_pct(rb)} from {t0} to {t1} tokens."
     verb = "rises" if rb > ra else "falls"
     return (
-        f"With context length the sink rate {verb} from {_pct(ra)} at {t0} tokens to "
+        f"Context length: the sink rate {verb} from {_pct(ra)} at {t0} tokens to "
         f"{_pct(rb)} at {t1} tokens."
     )
 
@@ -125,8 +129,8 @@ def stream_sentence(stream: dict[str, Any], config: ReportConfig) -> str | None:
     ratio = ppl["window"] / ppl["sink"]
     verdict = "worse" if ratio > 1.05 else "better" if ratio < 0.95 else "about the same"
     out = (
-        f"Streaming {tokens} tokens with {n_sink} sinks + a {window}-token window gives perplexity "
-        f"{_num(ppl['sink'])}; the same memory without sinks (window only) gives "
+        f"Streaming: {tokens} tokens with {n_sink} sinks + a {window}-token window give "
+        f"perplexity {_num(ppl['sink'])}; the same memory without sinks (window only) gives "
         f"{_num(ppl['window'])} ({ratio:.2f}x, {verdict})"
     )
     out += f", and the full dense cache {_num(ppl['dense'])}." if "dense" in ppl else "."
@@ -162,10 +166,10 @@ def headline(results: Sequence[StageResult], config: ReportConfig) -> list[str]:
         finding = ok.get(name, {}).get("finding")
         if finding:
             end = "" if finding.endswith(".") else "."
-            sentences.append(f"Ablation {name}: {finding[:1].upper()}{finding[1:]}{end}")
+            sentences.append(f"Ablation, {name}: {finding}{end}")
     failed = [r.name for r in results if r.status != "ok"]
     if failed:
         sentences.append(
-            f"{len(failed)} stage(s) failed and are shown with their error: {', '.join(failed)}."
+            f"Failed: {len(failed)} stage(s) did not run and show their error: {', '.join(failed)}."
         )
     return [s for s in sentences if s]
