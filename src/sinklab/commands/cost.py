@@ -32,6 +32,8 @@ def cost(
     task: Annotated[Task, typer.Option(help="Pattern(s) to fit.")] = Task.both,
     accuracy: Annotated[float, typer.Option(help="Min attention on the target key.")] = 0.9,
     dim: Annotated[int | None, typer.Option(help="Embedding dim (default: T).")] = None,
+    steps: Annotated[int, typer.Option(help="Adam steps per norm radius.")] = 60,
+    bisections: Annotated[int, typer.Option(help="Bisection steps on the norm radius.")] = 7,
     seed: SeedOpt = 0,
     out: Annotated[Path, typer.Option("--out", "-o", help="Output folder.")] = Path("lab-cost"),
     fmt: FormatOpt = OutputFormat.text,
@@ -46,7 +48,15 @@ def cost(
 
     tasks = TASKS if task is Task.both else (task.value,)
     ts = tuple(parse_int_list(lengths, "--lengths") or DEFAULT_LENGTHS)
-    config = CostConfig(lengths=ts, tasks=tasks, accuracy=accuracy, dim=dim, seed=seed)
+    config = CostConfig(
+        lengths=ts,
+        tasks=tasks,
+        accuracy=accuracy,
+        dim=dim,
+        steps=steps,
+        bisections=bisections,
+        seed=seed,
+    )
     with progress(fmt is OutputFormat.text) as prog:
         bar = prog.add_task("fitting", total=len(ts) * len(tasks), status="")
         result = run_cost(
