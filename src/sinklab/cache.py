@@ -122,14 +122,15 @@ class SinkLayer(CacheLayerMixin):
             return self.keys[:, :, : step.n_view], self.values[:, :, : step.n_view]
         # chunk path: kept keys in stream order, then the chunk; then re-pack the ring
         assert step.gather is not None and step.keep_after is not None
-        old_k = self.keys.index_select(-2, step.gather)
+        gather, keep = step.gather.to(self.device), step.keep_after.to(self.device)
+        old_k = self.keys.index_select(-2, gather)
         if step.rewrite_idx:
             self._rewrite(step, old_k)
         full_k = torch.cat((old_k, key_states), dim=-2)
-        full_v = torch.cat((self.values.index_select(-2, step.gather), value_states), dim=-2)
-        n = step.keep_after.numel()
-        self.keys[:, :, :n] = full_k.index_select(-2, step.keep_after)
-        self.values[:, :, :n] = full_v.index_select(-2, step.keep_after)
+        full_v = torch.cat((self.values.index_select(-2, gather), value_states), dim=-2)
+        n = keep.numel()
+        self.keys[:, :, :n] = full_k.index_select(-2, keep)
+        self.values[:, :, :n] = full_v.index_select(-2, keep)
         return full_k, full_v
 
     def _rewrite(self, step: _Step, target: Tensor) -> None:
@@ -148,7 +149,8 @@ class SinkLayer(CacheLayerMixin):
             torch.mul(src, cos, out=dst)
             dst.addcmul_(half, sin)
         else:
-            target[:, :, step.rewrite_at] = torch.addcmul(src * cos, half, sin)
+            at = step.rewrite_at.to(self.device)
+            target[:, :, at] = torch.addcmul(src * cos, half, sin)
 
     def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
         return self.owner.get_mask_sizes(query_length, 0)
