@@ -13,7 +13,7 @@ import logging
 import math
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +24,7 @@ from sinklab.errors import SinklabError
 from sinklab.lab.data import DATA_STRATEGIES, DataConfig, LabData
 from sinklab.lab.model import LAB_VARIANTS, LabConfig, LabForCausalLM
 from sinklab.meta import build_meta, write_json_atomic
+from sinklab.probe import ProbeConfig, probe
 
 log = logging.getLogger(__name__)
 
@@ -158,13 +159,8 @@ def _optimizer(model: torch.nn.Module, config: TrainConfig) -> torch.optim.Optim
 
 def probe_summary(model: torch.nn.Module, ids: torch.Tensor) -> dict[str, Any]:
     """Sink mass ``(L, H)`` at key 0 (q0 = 0), sink rate at eps 0.3/0.8, via ``sinklab.probe``."""
-    try:
-        from sinklab.probe import ProbeConfig, probe
-    except ImportError:  # the probe package has not landed: same definition, minimal handler
-        mass, impl = _first_key_mass(model, ids), "fallback"
-    else:
-        result = probe(model, ids, config=ProbeConfig(q0=0, eps=EPS))
-        mass, impl = torch.as_tensor(result.sink_mass), "sinklab.probe"
+    result = probe(model, ids, config=ProbeConfig(q0=0, eps=EPS))
+    mass, impl = torch.as_tensor(result.sink_mass), "sinklab.probe"
     mass = mass.to(torch.float64)  # (L, H)
     return {
         "probe": impl,
@@ -172,23 +168,6 @@ def probe_summary(model: torch.nn.Module, ids: torch.Tensor) -> dict[str, Any]:
         "first_token_sink_mass": float(mass.mean()),
         "sink_mass": mass.tolist(),
     }
-
-
-@torch.no_grad()
-def _first_key_mass(model: torch.nn.Module, ids: torch.Tensor) -> torch.Tensor:
-    """Fallback while ``sinklab.probe`` is missing: mean ``A[t, 0]`` over all queries, (L, H)."""
-    from sinklab.hooks import AttentionHandler, sinklab_attention
-
-    sums: dict[int, torch.Tensor] = {}
-
-    class _Mass(AttentionHandler):
-        def observe(self, chunk) -> None:  # weights (1, H, c, T)
-            col = chunk.weights[0, :, :, 0].double().sum(-1).cpu()  # (H,)
-            sums[chunk.layer] = sums.get(chunk.layer, 0) + col
-
-    with sinklab_attention(model, _Mass()):
-        model(ids.view(1, -1))
-    return torch.stack([sums[k] for k in sorted(sums)]) / ids.numel()  # (L, H)
 
 
 @torch.no_grad()
@@ -319,7 +298,3 @@ def write_outputs(result: TrainResult, out: Path) -> None:
     write_json_atomic(out / "train.json", result.to_json())
     plot_loss(result.loss, out / "loss.png", title=title)
     plot_sink_emergence(result.checkpoints, out / "sinks.png", title=title)
-
-
-def with_overrides(config: TrainConfig, **changes: Any) -> TrainConfig:
-    return replace(config, **changes)
