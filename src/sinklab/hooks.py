@@ -19,6 +19,7 @@ sinklab's lab models set: ``attention_variant`` (one of :data:`sinklab.attention
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -47,7 +48,8 @@ class AttentionChunk:
     Query row ``i`` of the chunk is query ``q_start + i`` of the call, at key position
     ``q_offset + q_start + i`` (``q_offset = Tk - Tq``: the queries are the last Tq positions).
     When every active handler sets ``causal_trim`` and the mask is plain causal, the key axis
-    stops at ``q_offset + q_start + c`` (the last key a row of the chunk can see).
+    stops at ``q_offset + q_start + c`` (the last key a row of the chunk can see), and masked
+    entries of ``scores`` hold ``-inf`` (they were masked in place, saving a copy).
     """
 
     layer: int
@@ -108,6 +110,19 @@ def _bool_mask(attention_mask: Tensor | None, tq: int, tk: int, device) -> Tenso
     return mask
 
 
+@functools.lru_cache(maxsize=128)
+def _causal_block(c: int, kend: int, device: torch.device) -> Tensor:
+    """Causal mask of the last ``c`` queries over ``kend`` keys: bool (1, 1, c, kend), cached
+    because every layer of a forward asks for the same blocks."""
+    return torch.ones(c, kend, dtype=torch.bool, device=device).tril_(kend - c)[None, None]
+
+
+@functools.lru_cache(maxsize=16)
+def _future_block(c: int, device: torch.device) -> Tensor:
+    """The keys a row of a ``c``-row causal block must not see, among its last c keys: (c, c)."""
+    return torch.ones(c, c, dtype=torch.bool, device=device).triu_(1)
+
+
 def _module_variant(module: nn.Module, kwargs: dict[str, Any]) -> tuple[str, Tensor | None]:
     if (s_aux := kwargs.get("s_aux")) is not None:
         return "sink", s_aux
@@ -156,20 +171,17 @@ def sinklab_attention_forward(
         qc = query[:, :, q0:q1]
         kend = tk - tq + q1 if trim else tk  # keys any row of this chunk can see
         kc, vc = (key[:, :, :kend], value[:, :, :kend]) if trim else (key, value)
-        scores = torch.matmul(qc, kc.transpose(-1, -2)) * scale  # (B, H, c, kend)
+        scores = torch.matmul(qc * scale, kc.transpose(-1, -2))  # (B, H, c, kend); scale on q
         if softcap is not None:
             scores = softcap * torch.tanh(scores / softcap)
         c = q1 - q0
-        if trim:  # causal (c, kend): only the last c key columns hold masked entries
-            mc = torch.ones(c, kend, dtype=torch.bool, device=query.device).tril_(kend - c)
-            mc = mc[None, None]
-        else:
-            mc = mask[..., q0:q1, :]
+        # trimmed: causal (c, kend), only the last c key columns hold masked entries
+        mc = _causal_block(c, kend, query.device) if trim else mask[..., q0:q1, :]
         if variant == "softmax" and causal:  # fused softmax; no fully masked row can occur
             work = torch.promote_types(scores.dtype, torch.float32)
-            if trim:
-                masked = scores.clone()
-                masked[..., kend - c :].masked_fill_(~mc[..., kend - c :], float("-inf"))
+            if trim:  # only opted-in observers see this chunk: mask the scores in place
+                masked = scores
+                masked[..., kend - c :].masked_fill_(_future_block(c, query.device), float("-inf"))
             else:
                 masked = scores.masked_fill(~mc, float("-inf"))
             weights = torch.softmax(masked, dim=-1, dtype=work).to(scores.dtype)
