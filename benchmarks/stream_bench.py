@@ -1,0 +1,321 @@
+"""Benchmark ``sinklab stream``'s caches on SmolLM2: perplexity, ms/token and peak RSS per policy,
+sink decode against plain ``DynamicCache`` at the same cache length, and the peers a user would
+pick instead (attention-sinks 0.4.0, kvpress 0.5.5), each in its own venv made here.
+
+Every measured run is a fresh process (``--worker SPEC``). Sizes are arguments (the issue's full
+protocol is ``--tokens 20000 --soak-tokens 100000``: hours on 2 cores). Prints one JSON object.
+
+    python benchmarks/stream_bench.py --tokens 2000 --rounds 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+WORK = Path(os.environ.get("SINKLAB_BENCH_DIR", "/tmp/sinklab-bench"))
+PEERS = {  # name -> (pip packages, worker script)
+    "attention-sinks": (["attention-sinks==0.4.0", "einops"], "stream_peer_attention_sinks.py"),
+    "kvpress": (["kvpress==0.5.5"], "stream_peer_kvpress.py"),
+}
+
+
+# ------------------------------------------------------------------------- worker side
+def _median_ms(ms: list[float], lo: int, hi: int) -> float | None:
+    part = ms[max(0, lo) : max(0, hi)]
+    return round(statistics.median(part), 2) if part else None
+
+
+def summarize(nll: list[float], ms: list[float], rss: dict, n_tokens: int) -> dict:
+    """ms/token at 1k (median of targets 900..1100) and at the end (last 200 scored)."""
+    import math
+
+    scored = [x for x in nll if x == x]
+    return {
+        "ppl": math.exp(sum(scored) / len(scored)) if scored else None,
+        "n_scored": len(scored),
+        "ms_per_token_at_1k": _median_ms(ms, 900, 1100) if n_tokens > 1000 else None,
+        "ms_per_token_at_end": _median_ms(ms, len(ms) - 200, len(ms)),
+        "peak_rss_mb": rss,
+    }
+
+
+def worker(spec: dict) -> dict:
+    import torch
+    from transformers import DynamicCache
+
+    from sinklab.cache import CacheConfig, SinkCache, kept_positions
+    from sinklab.models import load_model
+    from sinklab.streaming import choose_sinks
+
+    torch.set_num_threads(spec["threads"])
+    model = load_model(spec.get("model")).model
+    ids = torch.tensor(json.loads(Path(spec["ids"]).read_text()))
+    n_sink, window, kind = spec["n_sink"], spec["window"], spec["kind"]
+    rss = lambda: resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # noqa: E731
+    nll: list[float] = []
+    ms: list[float] = []
+    marks: dict[str, float] = {}
+    curve: list[tuple[int, float]] = []
+    with torch.inference_mode():
+        if kind == "decode":  # ms/token at a fixed cache length: sink vs DynamicCache
+            steps, length = spec["steps"], n_sink + window
+            if spec["cache"] == "sink":
+                cache = SinkCache(model, CacheConfig("sink", n_sink, window))
+                model(ids[: 2 * length].view(1, -1), cache=cache)  # prefill; keeps `length`
+                start = 2 * length
+            else:
+                cache = DynamicCache()
+                start = length - steps // 2  # the decode steps straddle `length`
+                model(ids[:start].view(1, -1), cache=cache)
+            for t in range(start, start + steps + 8):
+                t0 = time.perf_counter()
+                model(ids[t : t + 1].view(1, 1), cache=cache)
+                ms.append((time.perf_counter() - t0) * 1e3)
+            ms = ms[8:]  # warm-up
+            return {
+                "ms_per_token": round(statistics.median(ms), 2),
+                "steps": steps,
+                "cache_len": length,
+                "cache": spec["cache"],
+            }
+        policy = spec["policy"]
+        n = ids.numel() - 1
+        every = spec.get("recompute_every", 1) if policy == "recompute" else 1
+        if policy == "recompute":
+            for t in range(0, n, every):
+                ctx = [*kept_positions(t, tuple(range(n_sink)), window), t]
+                t0 = time.perf_counter()
+                out = model(ids[ctx].view(1, -1), use_cache=False, logits_to_keep=1)
+                ms.append((time.perf_counter() - t0) * 1e3)
+                lg = out.logits[0, -1].float()
+                nll.append(float(torch.logsumexp(lg, -1) - lg[ids[t + 1]]))
+            res = summarize(nll, ms, {"end": rss()}, n)
+            res["ms_per_token_at_1k"] = _median_ms(ms, 900 // every, 1100 // every + 1)
+            res["recompute_every"] = every
+            return res
+        if policy == "dynamic-cache":
+            cache = DynamicCache()
+        else:
+            sinks = None
+            if policy == "sink-auto":
+                sinks = choose_sinks(model, ids[: min(256, n_sink + window)], n_sink)
+                marks["sink_positions"] = list(sinks)
+            cache = SinkCache(model, CacheConfig(policy, n_sink, window, sinks))
+        for t in range(n):
+            t0 = time.perf_counter()
+            out = model(ids[t : t + 1].view(1, 1), cache=cache)
+            ms.append((time.perf_counter() - t0) * 1e3)
+            lg = out.logits[0, -1].float()
+            nll.append(float(torch.logsumexp(lg, -1) - lg[ids[t + 1]]))
+            if t + 1 == 2000:
+                marks["2000"] = rss()
+            if spec.get("curve_every") and (t + 1) % spec["curve_every"] == 0:
+                curve.append((t + 1, round(rss(), 1)))
+        res = summarize(
+            nll, ms, {**{k: v for k, v in marks.items() if k == "2000"}, "end": rss()}, n
+        )
+        res["max_cache_len"] = (
+            int(cache.layers[0].keys.shape[-2])
+            if policy == "dynamic-cache"
+            else cache.kept_length()
+        )
+        if "sink_positions" in marks:
+            res["sink_positions"] = marks["sink_positions"]
+        if curve:
+            res["rss_curve"] = curve
+        return res
+
+
+# ------------------------------------------------------------------------- driver side
+def run_worker(spec: dict, python: str = sys.executable) -> dict:
+    """One measurement in a fresh process."""
+    t0 = time.perf_counter()
+    proc = subprocess.run(
+        [python, str(Path(__file__)), "--worker", json.dumps(spec)], capture_output=True, text=True
+    )
+    if proc.returncode != 0:
+        return {"error": proc.stderr.strip().splitlines()[-1:] or ["failed"]}
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    out["wall_s"] = round(time.perf_counter() - t0, 1)
+    return out
+
+
+def ensure_peer_venv(name: str) -> tuple[Path | None, str | None]:
+    """Make /tmp/sinklab-bench-NAME with torch==2.13.0 (the local CPU wheel) then the peer."""
+    venv = Path(f"/tmp/sinklab-bench-{name}")
+    py = venv / "bin" / "python"
+    stamp = venv / ".sinklab-ok"
+    if stamp.exists():
+        return py, None
+    log = Path(f"{venv}.log")
+    try:
+        if not py.exists():
+            subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+            subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+        with open(log, "a") as f:
+            for pkgs in (["torch==2.13.0"], PEERS[name][0]):
+                subprocess.run(
+                    [str(py), "-m", "pip", "install", "-q", *pkgs],
+                    check=True,
+                    stdout=f,
+                    stderr=subprocess.STDOUT,
+                )
+        stamp.touch()
+        return py, None
+    except (subprocess.CalledProcessError, OSError) as exc:
+        tail = log.read_text().strip().splitlines()[-3:] if log.exists() else []
+        return None, f"could not install {name}: {exc}; {' | '.join(tail)}"
+
+
+def peer_model_dir() -> Path:
+    """The dequantized SmolLM2 with a config transformers 4.34 can read (``rope_theta``)."""
+    from sinklab.models import _smollm2_cached_folder, file_sha256, smollm2_gguf_path
+
+    gguf = smollm2_gguf_path()
+    src = _smollm2_cached_folder(gguf, file_sha256(gguf))
+    dst = WORK / "smollm2-peer"
+    if not (dst / "config.json").exists():
+        shutil.copytree(src, dst, dirs_exist_ok=True)
+        cfg = json.loads((dst / "config.json").read_text())
+        cfg["rope_theta"] = cfg.get("rope_parameters", {}).get("rope_theta", 10000.0)
+        cfg["torch_dtype"] = "float32"
+        (dst / "config.json").write_text(json.dumps(cfg, indent=1))
+    return dst
+
+
+def run_peer(name: str, ids_file: Path, args) -> dict:
+    py, err = ensure_peer_venv(name)
+    if err:
+        return {"error": err}
+    cmd = [
+        str(py),
+        str(HERE / PEERS[name][1]),
+        str(peer_model_dir()),
+        str(ids_file),
+        str(args.n_sink),
+        str(args.window),
+        str(args.threads),
+    ]
+    t0 = time.perf_counter()
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode != 0:
+        return {"error": " | ".join(proc.stderr.strip().splitlines()[-3:])}
+    raw = json.loads(proc.stdout.strip().splitlines()[-1])
+    out = summarize(raw["nll"], raw["ms"], raw["peak_rss_mb"], len(raw["nll"]))
+    out.update(
+        max_cache_len=raw["max_cache_len"],
+        versions=raw["versions"],
+        wall_s=round(time.perf_counter() - t0, 1),
+    )
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--worker", help=argparse.SUPPRESS)
+    ap.add_argument("--tokens", type=int, default=2000)
+    ap.add_argument("--policies", default="sink,window,dense,recompute,sink-auto,dynamic-cache")
+    ap.add_argument("--n-sink", type=int, default=4)
+    ap.add_argument("--window", type=int, default=508)
+    ap.add_argument("--recompute-every", type=int, default=20)
+    ap.add_argument("--rounds", type=int, default=3, help="decode pairs, alternating A B")
+    ap.add_argument("--decode-steps", type=int, default=64)
+    ap.add_argument("--peers", default="attention-sinks,kvpress", help="'' to skip")
+    ap.add_argument("--peer-tokens", type=int, default=None, help="default: --tokens")
+    ap.add_argument("--soak-tokens", type=int, default=0, help="sink soak with an RSS curve")
+    ap.add_argument("--threads", type=int, default=2)
+    args = ap.parse_args()
+    if args.worker:
+        print(json.dumps(worker(json.loads(args.worker))))
+        return
+
+    import torch
+    import transformers
+
+    from sinklab.corpus import load_text, token_stream
+    from sinklab.models import load_model
+
+    WORK.mkdir(parents=True, exist_ok=True)
+    tok = load_model().tokenizer
+    longest = max(args.tokens, args.soak_tokens, args.peer_tokens or 0)
+    ids = token_stream(load_text(), tok, longest).tolist()
+    files = {}
+    for n in {args.tokens, args.peer_tokens or args.tokens, args.soak_tokens}:
+        if n:
+            files[n] = WORK / f"ids-{n}.json"
+            files[n].write_text(json.dumps(ids[:n]))
+    base = {"n_sink": args.n_sink, "window": args.window, "threads": args.threads}
+    report: dict = {
+        "what": "SmolLM2-135M fp32, default corpus from its first token, no BOS",
+        "params": vars(args) | {"worker": None},
+        "machine": {"nproc": os.cpu_count(), "torch_threads": args.threads},
+        "versions": {"torch": torch.__version__, "transformers": transformers.__version__},
+        "policies": {},
+    }
+    for policy in [p for p in args.policies.split(",") if p]:
+        spec = base | {
+            "kind": "stream",
+            "policy": policy,
+            "ids": str(files[args.tokens]),
+            "recompute_every": args.recompute_every,
+        }
+        report["policies"][policy] = run_worker(spec)
+        print(f"{policy}: {report['policies'][policy]}", file=sys.stderr)
+    pairs: dict[str, list[float]] = {"sink": [], "dynamic-cache": []}
+    for _ in range(args.rounds):
+        for cache in pairs:
+            r = run_worker(
+                base
+                | {
+                    "kind": "decode",
+                    "cache": cache,
+                    "steps": args.decode_steps,
+                    "ids": str(files[args.tokens]),
+                }
+            )
+            if "ms_per_token" in r:
+                pairs[cache].append(r["ms_per_token"])
+    med = {k: statistics.median(v) if v else None for k, v in pairs.items()}
+    report["decode_at_same_length"] = {
+        "cache_len": args.n_sink + args.window,
+        "rounds_ms": pairs,
+        "median_ms": med,
+        "ratio_sink_over_dynamic": round(med["sink"] / med["dynamic-cache"], 3)
+        if all(med.values())
+        else None,
+    }
+    if args.peers:
+        n = args.peer_tokens or args.tokens
+        report["peers"] = {"tokens": n}
+        for name in args.peers.split(","):
+            report["peers"][name] = run_peer(name, files[n], args)
+            print(f"{name}: {report['peers'][name]}", file=sys.stderr)
+        if n != args.tokens or "sink" not in report["policies"]:
+            report["peers"]["sink_same_run"] = run_worker(
+                base | {"kind": "stream", "policy": "sink", "ids": str(files[n])}
+            )
+    if args.soak_tokens:
+        report["soak"] = run_worker(
+            base
+            | {
+                "kind": "stream",
+                "policy": "sink",
+                "ids": str(files[args.soak_tokens]),
+                "curve_every": max(1, args.soak_tokens // 50),
+            }
+        )
+    print(json.dumps(report, indent=1))
+
+
+if __name__ == "__main__":
+    main()
