@@ -116,22 +116,22 @@ def test_generate_is_bounded_streams_text_and_is_seeded(tiny_model_factory, tiny
 # ----------------------------------------------------------------------------- SmolLM2
 @pytest.mark.integration
 def test_smollm2_window_collapses_sink_tracks_recompute(smollm2):
-    """StreamingLLM's finding on the real model, kept cheap: n_sink 4 + window 60 over the first
-    256 tokens of the default corpus, the oracle scored on every 4th target.
+    """StreamingLLM's finding on the real model, kept cheap (~40 s on 2 cores): n_sink 4 +
+    window 60 over the first 192 tokens of the default corpus, the oracle on every 4th target.
 
-    Measured here (2 cores, fp32), on targets past the window (t >= 64): window PPL 54.3 against
-    sink 19.4 (2.8x); on the 48 recompute targets there, sink 18.04 against recompute 17.97
-    (+0.4%; the issue's reference: +0.16% at 4 + 508). The bounds keep a margin for other BLAS
-    builds: window at least 2x sink, sink within 3% of recompute.
+    Measured here (fp32), on targets past the window (t >= 64): window PPL 49.1 against sink
+    17.5 (2.8x); on the 32 recompute targets there, sink 18.04 against recompute 17.77 (+1.5%;
+    over 256 tokens: +0.4%; the issue's reference: +0.16% at 4 + 508). Bounds with margin for
+    other BLAS builds and the few targets: window at least 2x sink, sink within 5% of recompute.
     """
     from sinklab.corpus import load_text, token_stream
 
-    ids = token_stream(load_text(), smollm2.tokenizer, 256)
-    cfg = StreamConfig(("window", "sink", "recompute"), 4, 60, 256, recompute_every=4)
+    ids = token_stream(load_text(), smollm2.tokenizer, 192)
+    cfg = StreamConfig(("window", "sink", "recompute"), 4, 60, 192, recompute_every=4)
     result = streaming_perplexity(smollm2.model, ids, cfg)
     nll = {p: torch.tensor(r.nll[64:], dtype=torch.float64) for p, r in result.policies.items()}
     scored = ~nll["recompute"].isnan()
     ppl = {p: math.exp(float(x[~x.isnan()].mean())) for p, x in nll.items()}
     on_scored = {p: math.exp(float(x[scored].mean())) for p, x in nll.items()}
     assert ppl["window"] > 2 * ppl["sink"], ppl
-    assert abs(on_scored["sink"] / on_scored["recompute"] - 1) < 0.03, on_scored
+    assert abs(on_scored["sink"] / on_scored["recompute"] - 1) < 0.05, on_scored
