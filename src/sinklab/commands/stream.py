@@ -121,10 +121,15 @@ def stream(
         TimeElapsedColumn(),
     )
     with Progress(*columns, console=stderr, transient=False) as bar:
-        tasks = {p: bar.add_task(p, total=tokens - 1, rate="", ppl="") for p in config.policies}
+        tasks = {
+            p: bar.add_task(p, total=tokens - 1, rate="", ppl="", start=False)
+            for p in config.policies
+        }
 
         def callback(pol: str, done: int, total: int, ppl: float) -> None:
             task = bar.tasks[tasks[pol]]
+            if task.start_time is None:  # the clock starts with the policy's first tokens
+                bar.start_task(tasks[pol])
             elapsed = task.elapsed or 0.0
             scored = done / (recompute_every if pol == "recompute" else 1)
             rate = f"{scored / elapsed:.1f}" if elapsed > 0 else ""
