@@ -128,7 +128,12 @@ def test_smollm2_window_collapses_sink_tracks_recompute(smollm2):
 
     ids = token_stream(load_text(), smollm2.tokenizer, 192)
     cfg = StreamConfig(("window", "sink", "recompute"), 4, 60, 192, recompute_every=4)
-    result = streaming_perplexity(smollm2.model, ids, cfg)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # one-token steps: 2 threads gain little and, on a busy machine,
+    try:  # spin-wait (measured here: 37 s with 1 thread, 260 s with 2 on a loaded box)
+        result = streaming_perplexity(smollm2.model, ids, cfg)
+    finally:
+        torch.set_num_threads(threads)
     nll = {p: torch.tensor(r.nll[64:], dtype=torch.float64) for p, r in result.policies.items()}
     scored = ~nll["recompute"].isnan()
     ppl = {p: math.exp(float(x[~x.isnan()].mean())) for p, x in nll.items()}
