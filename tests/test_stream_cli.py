@@ -1,6 +1,6 @@
 """``sinklab stream`` and ``sinklab generate`` end to end on a tiny model, and their user errors
 (one line, exit 2). Run in-process through ``sinklab.cli.main`` (the entry point's own code), so
-each case costs no interpreter start-up; one case goes through a real subprocess."""
+each case costs no interpreter start-up (test_cli.py checks the subprocess path)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,6 @@ from pathlib import Path
 import pytest
 
 from sinklab.cli import main
-from test_cli import assert_one_line_error, run_cli
 
 
 def _run(capsys, *args: str) -> tuple[int, str, str]:
@@ -120,8 +119,3 @@ def test_model_mistakes_exit_2(capsys, tiny_model_dir, family, args, needle):
     for cmd in (["stream", "--tokens", "20"], ["generate", "--prompt", "hi"]):
         code, _, err = _run(capsys, *cmd, "--model", str(tiny_model_dir(family)), *args)
         _one_line(code, err, needle)
-
-
-def test_entry_point_prints_one_line(tiny_model_dir):
-    proc = run_cli("stream", "--model", str(tiny_model_dir("gpt2")), "--tokens", "20")
-    assert_one_line_error(proc, "absolute position")
