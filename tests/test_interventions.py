@@ -203,14 +203,12 @@ def test_jacobian_matches_finite_differences():
         fd = torch.zeros(len(q), len(k), dtype=torch.float64)
         with torch.no_grad(), sinklab_attention(model, *handlers):
             for b, i in enumerate(k):
-                cols = []
-                for e in range(d):
-                    dx = torch.zeros_like(emb)
-                    dx[0, i, e] = eps
-                    hp = model(inputs_embeds=emb + dx, output_hidden_states=True).hidden_states[-1]
-                    hm = model(inputs_embeds=emb - dx, output_hidden_states=True).hidden_states[-1]
-                    cols.append((hp - hm)[0, q] / (2 * eps))  # (len(q), d)
-                fd[:, b] = torch.stack(cols, -1).pow(2).sum((-1, -2)).sqrt()
+                dx = torch.zeros(d, *emb.shape[1:], dtype=emb.dtype)  # one row per input dim
+                dx[torch.arange(d), i, torch.arange(d)] = eps  # (d, T, d)
+                hp = model(inputs_embeds=emb + dx, output_hidden_states=True).hidden_states[-1]
+                hm = model(inputs_embeds=emb - dx, output_hidden_states=True).hidden_states[-1]
+                jac = (hp - hm)[:, q] / (2 * eps)  # (d_in, len(q), d_out)
+                fd[:, b] = jac.pow(2).sum((0, -1)).sqrt()
         assert exact[0, 3] == 0 and exact[0, 2] > 0  # causal: i > t gives 0
         torch.testing.assert_close(exact, fd, rtol=1e-3, atol=1e-6)
     plain = jacobian_sensitivity(model, ids, q, k)
