@@ -45,7 +45,7 @@ def main() -> None:
         "versions": versions(),
         "params": {"grid": args.grid, "probes": args.probes},
         "load_seconds": round(load_s, 2),
-        "note": "shared 2-core machine, other developers' jobs running: times are noisy",
+        "load_average_at_start": list(os.getloadavg()),  # > nproc means the times are inflated
         "experiments": {},
     }
     for name in args.experiments.split(","):
