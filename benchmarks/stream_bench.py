@@ -71,8 +71,8 @@ def worker(spec: dict) -> dict:
             steps, length = spec["steps"], n_sink + window
             if spec["cache"] == "sink":
                 cache = SinkCache(model, CacheConfig("sink", n_sink, window))
-                model(ids[: 2 * length].view(1, -1), cache=cache)  # prefill; keeps `length`
-                start = 2 * length
+                model(ids[:length].view(1, -1), cache=cache)  # prefill: the cache is full
+                start = length  # every decode step now evicts one position
             else:
                 cache = DynamicCache()
                 start = length - steps // 2  # the decode steps straddle `length`
@@ -283,8 +283,9 @@ def main() -> None:
                     "ids": str(files[args.tokens]),
                 }
             )
-            if "ms_per_token" in r:
-                pairs[cache].append(r["ms_per_token"])
+            if "ms_per_token" not in r:
+                raise SystemExit(f"decode worker ({cache}) failed: {r}")
+            pairs[cache].append(r["ms_per_token"])
     med = {k: statistics.median(v) if v else None for k, v in pairs.items()}
     report["decode_at_same_length"] = {
         "cache_len": args.n_sink + args.window,
