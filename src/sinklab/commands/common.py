@@ -94,7 +94,7 @@ def progress(enabled: bool = True) -> Iterator[Progress]:
         TimeRemainingColumn(),
         console=stderr,
         transient=False,
-        disable=not enabled,
+        disable=not enabled or not stderr.is_terminal,  # no bar frames in logs and pipes
     )
     with prog:
         yield prog

@@ -85,7 +85,9 @@ def report(
             TextColumn("ETA"),
             TimeRemainingColumn(),
         )
-        with Progress(*columns, console=stderr, transient=False) as prog:
+        with Progress(
+            *columns, console=stderr, transient=False, disable=not stderr.is_terminal
+        ) as prog:
             task = prog.add_task("starting", total=1.0)
 
             def update(done: float, total: float, label: str) -> None:

@@ -120,7 +120,7 @@ def stream(
         TextColumn("{task.fields[rate]:>8} tok/s  ppl {task.fields[ppl]:>8}"),
         TimeElapsedColumn(),
     )
-    with Progress(*columns, console=stderr, transient=False) as bar:
+    with Progress(*columns, console=stderr, transient=False, disable=not stderr.is_terminal) as bar:
         tasks = {
             p: bar.add_task(p, total=tokens - 1, rate="", ppl="", start=False)
             for p in config.policies
