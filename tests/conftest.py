@@ -122,6 +122,24 @@ def tiny_model_dir(tmp_path_factory, tiny_tokenizer) -> Callable[[str], Path]:
 
 
 @pytest.fixture(scope="session")
+def bert_dir(tmp_path_factory, tiny_tokenizer) -> Path:
+    """A tiny random BERT (bidirectional, not a causal LM) saved with the tiny tokenizer."""
+    from transformers import BertConfig, BertModel
+
+    folder = tmp_path_factory.mktemp("tiny-bert")
+    config = BertConfig(
+        vocab_size=64,
+        hidden_size=16,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        intermediate_size=32,
+    )
+    BertModel(config).save_pretrained(folder)
+    tiny_tokenizer.save_pretrained(folder)
+    return folder
+
+
+@pytest.fixture(scope="session")
 def smollm2():
     """The real embedded SmolLM2-135M (dequantized and cached on first use)."""
     from sinklab.models import load_model

@@ -62,17 +62,5 @@ def test_bad_text_files_exit_2(tmp_path: Path, tiny_model_dir):
         assert_one_line_error(run_cli("info", "--text", str(path)), needle)
 
 
-def test_not_causal_lm_exit_2(tmp_path: Path, tiny_tokenizer):
-    from transformers import BertConfig, BertModel
-
-    BertModel(
-        BertConfig(
-            vocab_size=64,
-            hidden_size=16,
-            num_hidden_layers=1,
-            num_attention_heads=2,
-            intermediate_size=32,
-        )
-    ).save_pretrained(tmp_path)
-    tiny_tokenizer.save_pretrained(tmp_path)
-    assert_one_line_error(run_cli("info", "--model", str(tmp_path)), "not a causal language model")
+def test_not_causal_lm_exit_2(bert_dir: Path):
+    assert_one_line_error(run_cli("info", "--model", str(bert_dir)), "not a causal language model")

@@ -27,21 +27,9 @@ def test_unknown_path_and_uncached_id_are_clear_errors(tmp_path):
         load_model("nobody-here/not-a-model-xyz")
 
 
-def test_non_causal_model_is_refused(tmp_path, tiny_tokenizer):
-    from transformers import BertConfig, BertModel
-
-    BertModel(
-        BertConfig(
-            vocab_size=64,
-            hidden_size=16,
-            num_hidden_layers=1,
-            num_attention_heads=2,
-            intermediate_size=32,
-        )
-    ).save_pretrained(tmp_path)
-    tiny_tokenizer.save_pretrained(tmp_path)
+def test_non_causal_model_is_refused(bert_dir):
     with pytest.raises(SinklabError, match="not a causal language model"):
-        load_model(str(tmp_path))
+        load_model(str(bert_dir))
 
 
 @pytest.mark.integration

@@ -43,36 +43,40 @@ def _bar_ppl(ax: Any, names: list[str], ppl: list[float]) -> None:
     ax.tick_params(axis="x", rotation=30, labelsize=7)
 
 
-def plot_first_token(data: dict[str, Any], path: Path) -> Figure:
+def _ppl_and_layer_curves(
+    data: dict[str, Any], path: Path, metric: str, xlabel: str, ylabel: str, key: str
+) -> Figure:
+    """Perplexity bars per condition beside a per-layer curve of ``metric`` per condition."""
     cond = data["conditions"]
     names = list(cond)
     ppl = [cond[n]["perplexity"] for n in names]
-    mass = {n: cond[n]["sink_mass_by_layer"] for n in names}
+    curves = {n: cond[n][metric] for n in names}
     fig, (a, b) = plt.subplots(1, 2, figsize=(10, 4))
     _bar_ppl(a, names, ppl)
-    a.set_xlabel("first token")
-    for n, m in mass.items():
-        b.plot(range(len(m)), m, marker=".", label=n)
+    a.set_xlabel(xlabel)
+    for n, values in curves.items():
+        b.plot(range(len(values)), values, marker=".", label=n)
     b.set_xlabel("layer")
-    b.set_ylabel("sink mass (mean over heads)")
+    b.set_ylabel(ylabel)
     b.legend(fontsize=7)
-    return _save(fig, {"modes": names, "perplexity": ppl, "sink_mass_by_layer": mass}, data, path)
+    return _save(fig, {key: names, "perplexity": ppl, metric: curves}, data, path)
+
+
+def plot_first_token(data: dict[str, Any], path: Path) -> Figure:
+    return _ppl_and_layer_curves(
+        data, path, "sink_mass_by_layer", "first token", "sink mass (mean over heads)", "modes"
+    )
 
 
 def plot_mask_sink(data: dict[str, Any], path: Path) -> Figure:
-    cond = data["conditions"]
-    names = list(cond)
-    ppl = [cond[n]["perplexity"] for n in names]
-    sim = {n: cond[n]["token_similarity"] for n in names}
-    fig, (a, b) = plt.subplots(1, 2, figsize=(10, 4))
-    _bar_ppl(a, names, ppl)
-    a.set_xlabel("sink masked in")
-    for n, s in sim.items():
-        b.plot(range(len(s)), s, marker=".", label=n)
-    b.set_xlabel("layer")
-    b.set_ylabel("token similarity (mean pairwise cosine)")
-    b.legend(fontsize=7)
-    return _save(fig, {"conditions": names, "perplexity": ppl, "token_similarity": sim}, data, path)
+    return _ppl_and_layer_curves(
+        data,
+        path,
+        "token_similarity",
+        "sink masked in",
+        "token similarity (mean pairwise cosine)",
+        "conditions",
+    )
 
 
 def plot_density(data: dict[str, Any], path: Path) -> Figure:
