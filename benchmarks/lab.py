@@ -11,6 +11,7 @@ import argparse
 import json
 import os
 import resource
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -53,8 +54,12 @@ def main() -> int:
     t0 = time.perf_counter()
     report: dict = {"params": {**vars(args), "out": str(args.out)}, "versions": versions()}
     report["machine"] = {"nproc": os.cpu_count(), "threads": args.threads}
-    for kind in ("variants", "data"):
-        report[kind] = run_sweep(kind, base, args.out / kind).rows
+    report["variants"] = run_sweep("variants", base, args.out / "variants").rows
+    # the data sweep's run for the base data strategy is the variant sweep's base-variant run
+    shared = args.out / "data" / base.data
+    if not shared.exists():
+        shutil.copytree(args.out / "variants" / base.variant, shared)
+    report["data"] = run_sweep("data", base, args.out / "data").rows
     if not args.skip_cost:
         cost = run_cost(CostConfig())
         report["cost"] = {"rows": cost.rows, "fits": cost.fits}

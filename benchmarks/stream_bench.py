@@ -35,6 +35,12 @@ def _median_ms(ms: list[float], lo: int, hi: int) -> float | None:
     return round(statistics.median(part), 2) if part else None
 
 
+def current_rss_mb() -> float:
+    """Resident set size now (the curve's second column; ru_maxrss is the peak so far)."""
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+
 def summarize(nll: list[float], ms: list[float], rss: dict, n_tokens: int) -> dict:
     """ms/token at 1k (median of targets 900..1100) and at the end (last 200 scored)."""
     import math
@@ -111,6 +117,9 @@ def worker(spec: dict) -> dict:
                 sinks = choose_sinks(model, ids[: min(256, n_sink + window)], n_sink)
                 marks["sink_positions"] = list(sinks)
             cache = SinkCache(model, CacheConfig(policy, n_sink, window, sinks))
+        checkpoints: list[dict] = []
+        blocks: list[tuple[int, float, float]] = []  # (tokens, median ms of the last 1000, load)
+        marks_at = set(spec.get("checkpoints", []))
         for t in range(n):
             t0 = time.perf_counter()
             out = model(ids[t : t + 1].view(1, 1), cache=cache)
@@ -120,7 +129,16 @@ def worker(spec: dict) -> dict:
             if t + 1 == 2000:
                 marks["2000"] = rss()
             if spec.get("curve_every") and (t + 1) % spec["curve_every"] == 0:
-                curve.append((t + 1, round(rss(), 1)))
+                curve.append((t + 1, round(rss(), 1), round(current_rss_mb(), 1)))
+            if t + 1 in marks_at:  # figures over the first t+1 tokens, as if the run ended here
+                checkpoints.append(
+                    {"tokens": t + 1, **summarize(nll, ms, {"now": rss()}, t + 1)}
+                    | {"loadavg_1m": os.getloadavg()[0]}
+                )
+            if (t + 1) % 1000 == 0:  # a timeline, to set beside runs made at the same time
+                blocks.append((t + 1, round(statistics.median(ms[-1000:]), 2), os.getloadavg()[0]))
+            if spec.get("progress") and (t + 1 in marks_at or (t + 1) % 1000 == 0):
+                write_progress(spec["progress"], t + 1, nll, ms, curve, checkpoints, blocks)
         res = summarize(
             nll, ms, {**{k: v for k, v in marks.items() if k == "2000"}, "end": rss()}, n
         )
@@ -133,7 +151,30 @@ def worker(spec: dict) -> dict:
             res["sink_positions"] = marks["sink_positions"]
         if curve:
             res["rss_curve"] = curve
+        if checkpoints:
+            res["checkpoints"] = checkpoints
+        if blocks:
+            res["ms_per_1000"] = blocks
         return res
+
+
+def write_progress(path: str, done: int, nll, ms, curve, checkpoints, blocks) -> None:
+    """Partial results of a long worker, rewritten atomically, so an interrupted run still tells."""
+    tmp = Path(path + ".tmp")
+    summary = summarize(nll, ms, {}, done)
+    tmp.write_text(
+        json.dumps(
+            {
+                "done": done,
+                **summary,
+                "rss_curve": curve,
+                "checkpoints": checkpoints,
+                "ms_per_1000": blocks,
+                "loadavg_1m": os.getloadavg()[0],
+            }
+        )
+    )
+    tmp.replace(path)
 
 
 # ------------------------------------------------------------------------- driver side
@@ -232,8 +273,12 @@ def main() -> None:
     ap.add_argument("--decode-steps", type=int, default=64)
     ap.add_argument("--peers", default="attention-sinks,kvpress", help="'' to skip")
     ap.add_argument("--peer-tokens", type=int, default=None, help="default: --tokens")
+    ap.add_argument(
+        "--no-peer-sink", action="store_true", help="skip the sink run beside the peers"
+    )
     ap.add_argument("--soak-tokens", type=int, default=0, help="sink soak with an RSS curve")
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--out", type=Path, help="also write the report here, after every stage")
     args = ap.parse_args()
     if args.worker:
         print(json.dumps(worker(json.loads(args.worker))))
@@ -257,20 +302,32 @@ def main() -> None:
     base = {"n_sink": args.n_sink, "window": args.window, "threads": args.threads}
     report: dict = {
         "what": "SmolLM2-135M fp32, default corpus from its first token, no BOS",
-        "params": vars(args) | {"worker": None},
+        "params": vars(args) | {"worker": None, "out": str(args.out) if args.out else None},
         "machine": {"nproc": os.cpu_count(), "torch_threads": args.threads},
         "versions": {"torch": torch.__version__, "transformers": transformers.__version__},
         "policies": {},
     }
+
+    def save() -> None:
+        if args.out:
+            tmp = args.out.with_suffix(".tmp")
+            tmp.write_text(json.dumps(report, indent=1))
+            tmp.replace(args.out)
+
+    marks = sorted({n for n in (1000, 2000, 5000, 10000, 20000, 50000) if n < args.tokens})
     for policy in [p for p in args.policies.split(",") if p]:
         spec = base | {
             "kind": "stream",
             "policy": policy,
             "ids": str(files[args.tokens]),
             "recompute_every": args.recompute_every,
+            "checkpoints": marks,
+            "progress": str(WORK / f"progress-{policy}.json"),
         }
         report["policies"][policy] = run_worker(spec)
         print(f"{policy}: {report['policies'][policy]}", file=sys.stderr)
+        save()
+    save()
     pairs: dict[str, list[float]] = {"sink": [], "dynamic-cache": []}
     for _ in range(args.rounds):
         for cache in pairs:
@@ -301,7 +358,8 @@ def main() -> None:
         for name in args.peers.split(","):
             report["peers"][name] = run_peer(name, files[n], args)
             print(f"{name}: {report['peers'][name]}", file=sys.stderr)
-        if n != args.tokens or "sink" not in report["policies"]:
+            save()
+        if not args.no_peer_sink and (n != args.tokens or "sink" not in report["policies"]):
             report["peers"]["sink_same_run"] = run_worker(
                 base | {"kind": "stream", "policy": "sink", "ids": str(files[n])}
             )
@@ -313,8 +371,11 @@ def main() -> None:
                 "policy": "sink",
                 "ids": str(files[args.soak_tokens]),
                 "curve_every": max(1, args.soak_tokens // 50),
+                "checkpoints": [1000, 2000, 5000, 10000, 20000, 50000],
+                "progress": str(WORK / "progress-soak.json"),
             }
         )
+        save()
     print(json.dumps(report, indent=1))
 
 

@@ -88,3 +88,26 @@ def test_bad_train_config_is_one_error():
         TrainConfig(d_model=30, heads=4)
     with pytest.raises(SinklabError, match="variant"):
         TrainConfig(variant="relu")
+
+
+def test_sweep_resumes_finished_runs_and_retrains_changed_ones(tmp_path):
+    from dataclasses import replace
+
+    from sinklab.lab.sweep import run_sweep
+    from sinklab.lab.train import load_result
+
+    base = TrainConfig(**{**TINY, "steps": 4})
+    first = run_sweep("data", base, tmp_path)
+    stamps = {d: (tmp_path / d / "train.json").stat().st_mtime_ns for d in DATA_STRATEGIES}
+    again = run_sweep("data", base, tmp_path)
+    assert again.rows == first.rows
+    assert stamps == {d: (tmp_path / d / "train.json").stat().st_mtime_ns for d in DATA_STRATEGIES}
+    # a different configuration is not "finished": it is trained again
+    changed = run_sweep("data", replace(base, seed=1), tmp_path)
+    assert all(
+        (tmp_path / d / "train.json").stat().st_mtime_ns != stamps[d] for d in DATA_STRATEGIES
+    )
+    assert [r["final_loss"] for r in changed.rows] != [r["final_loss"] for r in first.rows]
+    (tmp_path / "packed" / "train.json").write_text("{not json")
+    assert load_result(tmp_path / "packed") is None
+    assert load_result(tmp_path / "nowhere") is None

@@ -1,9 +1,12 @@
 """Sweeps: one training run per attention variant (``variants``) or data strategy (``data``),
 everything else fixed, compared in one figure (``sweep.png``) and one table (``sweep.json``,
-``sweep.md``). The tokenizer is trained once and shared by every run of a sweep."""
+``sweep.md``). The tokenizer is trained once and shared by every run of a sweep. A run whose
+folder already holds a finished ``train.json`` with the same configuration is reused, not
+retrained, so an interrupted sweep resumes where it stopped."""
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
@@ -13,8 +16,10 @@ from typing import Any
 from sinklab.errors import SinklabError
 from sinklab.lab.data import DATA_STRATEGIES, LabData
 from sinklab.lab.model import LAB_VARIANTS
-from sinklab.lab.train import TrainConfig, TrainResult, train
+from sinklab.lab.train import TrainConfig, TrainResult, load_result, train
 from sinklab.meta import build_meta, write_json_atomic
+
+log = logging.getLogger(__name__)
 
 SWEEPS = {"variants": ("variant", LAB_VARIANTS), "data": ("data", DATA_STRATEGIES)}
 COLUMNS = (
@@ -58,6 +63,7 @@ def summary_row(name: str, result: TrainResult) -> dict[str, Any]:
         "first_token_sink_mass": last["first_token_sink_mass"],
         **result.val,
         "final_loss": sum(tail) / len(tail),
+        "seconds": result.meta.get("seconds"),
     }
 
 
@@ -83,7 +89,12 @@ def run_sweep(
             if callback is not None:
                 callback(_v, step, loss)
 
-        result = train(config, out / value, data=data, callback=step_cb)
+        prior = load_result(out / value)
+        if prior is not None and prior.config == config:  # resume: this run is already done
+            log.info("reusing the finished run in %s", out / value)
+            result = prior
+        else:
+            result = train(config, out / value, data=data, callback=step_cb)
         rows.append(summary_row(value, result))
     meta = build_meta(params=base, seconds=time.perf_counter() - t0, swept=field_name)
     sweep = SweepResult(kind, base, rows, meta)

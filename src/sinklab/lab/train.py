@@ -9,6 +9,7 @@ checkpoints (``checkpoints/step-N``: weights, config, tokenizer; loadable by
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import time
@@ -137,6 +138,17 @@ class TrainResult:
             "val": self.val,
             "meta": self.meta,
         }
+
+
+def load_result(out: Path) -> TrainResult | None:
+    """The finished run saved in ``out/train.json``, or None when there is none (or unreadable)."""
+    try:
+        raw = json.loads((out / "train.json").read_text(encoding="utf-8"))
+        config = TrainConfig(**raw["config"])
+        loss = [(int(s), float(v)) for s, v in raw["loss"]]
+        return TrainResult(config, loss, raw["checkpoints"], raw["val"], raw.get("meta", {}), out)
+    except (OSError, ValueError, KeyError, TypeError, SinklabError):
+        return None
 
 
 def _lr_at(step: int, config: TrainConfig) -> float:
