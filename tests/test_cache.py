@@ -254,6 +254,42 @@ def test_generate_matches_manual_greedy_and_continues_across_calls(gen_model):
     assert cache.seen == manual.seen == out2.shape[1] - 1
 
 
+@torch.no_grad()
+def _sink_logprob(model, cfg: CacheConfig, prompt: list[int], new: list[int]) -> float:
+    """Sum of log p(new | prompt) with the prompt prefilled, then one token per step."""
+    cache = SinkCache(model, cfg)
+    logits = model(torch.tensor([prompt]), cache=cache).logits[0, -1]
+    total = 0.0
+    for tok in new:
+        total += float(torch.log_softmax(logits.double(), -1)[tok])
+        logits = model(torch.tensor([[tok]]), cache=cache).logits[0, -1]
+    return total
+
+
+@pytest.mark.parametrize("n_sink,window", [(2, 8), (2, 64)])
+def test_beam_search_reorders_the_cache(gen_model, n_sink, window):
+    """Each beam's score is its own sequence's log-probability under the sink cache: a cache
+    that mixed the beams' histories on reordering (or on expansion) would not give that."""
+    cfg = CacheConfig("sink", n_sink, window)
+    prompt = _ids(6, seed=11)
+    out = gen_model.generate(
+        torch.tensor([prompt]),
+        cache=SinkCache(gen_model, cfg),
+        num_beams=3,
+        num_return_sequences=3,
+        do_sample=False,
+        max_new_tokens=12,
+        length_penalty=0.0,
+        output_scores=True,
+        return_dict_in_generate=True,
+    )
+    assert out.sequences.shape == (3, len(prompt) + 12)
+    for seq, score in zip(out.sequences.tolist(), out.sequences_scores.tolist(), strict=True):
+        assert seq[: len(prompt)] == prompt
+        want = _sink_logprob(gen_model, cfg, prompt, seq[len(prompt) :])
+        assert score == pytest.approx(want, abs=1e-4)
+
+
 # --------------------------------------------------------------------------- refusals
 def test_absolute_positions_refused_naming_the_scheme(tiny_model_factory):
     with pytest.raises(SinklabError, match="absolute"):
