@@ -1,0 +1,68 @@
+"""The stream benchmark's worker runs on a tiny model (so the long benchmark cannot rot unseen)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parents[1] / "benchmarks" / "stream_bench.py"
+
+
+@pytest.fixture(scope="module")
+def bench():
+    spec = importlib.util.spec_from_file_location("stream_bench", BENCH)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _spec(tmp_path, model_dir, **kw):
+    ids = tmp_path / "ids.json"
+    ids.write_text(json.dumps([(7 * i) % 200 + 3 for i in range(60)]))
+    base = {"model": str(model_dir), "ids": str(ids), "n_sink": 2, "window": 10, "threads": 1}
+    return base | kw
+
+
+@pytest.mark.parametrize("policy", ["sink", "window", "dense", "recompute", "dynamic-cache"])
+def test_stream_worker_on_a_tiny_model(bench, tmp_path, tiny_model_dir, policy):
+    progress = tmp_path / "progress.json"
+    spec = _spec(
+        tmp_path,
+        tiny_model_dir("llama"),
+        kind="stream",
+        policy=policy,
+        recompute_every=5,
+        checkpoints=[20, 40],
+        progress=str(progress),
+        curve_every=10,
+    )
+    res = bench.worker(spec)
+    assert math.isfinite(res["ppl"]) and res["ppl"] > 1
+    if policy == "recompute":
+        assert res["n_scored"] == 12 and res["recompute_every"] == 5  # targets 0, 5, ..., 55
+        return
+    assert res["n_scored"] == 59
+    assert res["max_cache_len"] == (59 if policy in ("dense", "dynamic-cache") else 12)
+    assert [c["tokens"] for c in res["checkpoints"]] == [20, 40]
+    assert [r[0] for r in res["rss_curve"]] == [10, 20, 30, 40, 50]
+    saved = json.loads(progress.read_text())
+    assert saved["done"] == 40 and saved["checkpoints"] == res["checkpoints"]
+
+
+def test_stream_worker_sink_equals_its_own_checkpoint_ppl(bench, tmp_path, tiny_model_dir):
+    """A checkpoint's PPL is the running PPL over the tokens so far (the same NLLs)."""
+    spec = _spec(tmp_path, tiny_model_dir("llama"), kind="stream", policy="sink")
+    full = bench.worker(spec | {"checkpoints": [59]})
+    assert full["checkpoints"][0]["ppl"] == pytest.approx(full["ppl"], rel=1e-12)
+
+
+def test_decode_worker_reports_ms_per_token(bench, tmp_path, tiny_model_dir):
+    for cache in ("sink", "dynamic-cache"):
+        res = bench.worker(
+            _spec(tmp_path, tiny_model_dir("llama"), kind="decode", cache=cache, steps=8)
+        )
+        assert res["ms_per_token"] > 0 and res["cache_len"] == 12
