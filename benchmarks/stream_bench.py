@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import resource
 import shutil
@@ -43,8 +44,6 @@ def current_rss_mb() -> float:
 
 def summarize(nll: list[float], ms: list[float], rss: dict, n_tokens: int) -> dict:
     """ms/token at 1k (median of targets 900..1100) and at the end (last 200 scored)."""
-    import math
-
     scored = [x for x in nll if x == x]
     return {
         "ppl": math.exp(sum(scored) / len(scored)) if scored else None,
@@ -118,7 +117,7 @@ def worker(spec: dict) -> dict:
                 marks["sink_positions"] = list(sinks)
             cache = SinkCache(model, CacheConfig(policy, n_sink, window, sinks))
         checkpoints: list[dict] = []
-        blocks: list[tuple[int, float, float]] = []  # (tokens, median ms of the last 1000, load)
+        blocks: list[tuple] = []  # (tokens, median ms, load, PPL) of each 1000 tokens
         marks_at = set(spec.get("checkpoints", []))
         for t in range(n):
             t0 = time.perf_counter()
@@ -136,7 +135,10 @@ def worker(spec: dict) -> dict:
                     | {"loadavg_1m": os.getloadavg()[0]}
                 )
             if (t + 1) % 1000 == 0:  # a timeline, to set beside runs made at the same time
-                blocks.append((t + 1, round(statistics.median(ms[-1000:]), 2), os.getloadavg()[0]))
+                seg = math.exp(statistics.fmean(x for x in nll[-1000:] if x == x))
+                blocks.append(
+                    (t + 1, round(statistics.median(ms[-1000:]), 2), os.getloadavg()[0], seg)
+                )
             if spec.get("progress") and (t + 1 in marks_at or (t + 1) % 1000 == 0):
                 write_progress(spec["progress"], t + 1, nll, ms, curve, checkpoints, blocks)
         res = summarize(
