@@ -9,7 +9,7 @@ import torch
 
 from sinklab.attention import reference_attention
 from sinklab.errors import SinklabError
-from sinklab.lab.cost import CostConfig, fit_exponent, fit_layer, target_keys
+from sinklab.lab.cost import CostConfig, embeddings, fit_exponent, fit_layer, target_keys
 
 
 @pytest.mark.parametrize("exponent", [1.0, 1.5])
@@ -23,9 +23,10 @@ def test_exponent_fit_recovers_known_exponents(exponent):
     assert math.isclose(fit["coef"], 3.0, rel_tol=0.2)
 
 
+@pytest.mark.parametrize("shared", [0.0, 1.0])
 @pytest.mark.parametrize("task", ["sink", "diagonal"])
-def test_fitted_layer_realises_the_pattern_at_every_length(task):
-    config = CostConfig(lengths=(8, 16), steps=20, bisections=1, accuracy=0.9)
+def test_fitted_layer_realises_the_pattern_at_every_length(task, shared):
+    config = CostConfig(lengths=(8, 16), steps=20, bisections=1, accuracy=0.9, shared=shared)
     for t in config.lengths:
         x, w_qk, w_vo = fit_layer(task, t, config)
         # independent check: the package's reference attention with q = x W_QK, k = v = x
@@ -39,8 +40,22 @@ def test_fitted_layer_realises_the_pattern_at_every_length(task):
         assert (out[0, 0] - target).norm() <= 0.1 * max(float(target.norm()), 1.0)
 
 
+def test_shared_direction_sets_the_mean_cosine_and_zero_keeps_random_tokens():
+    g = torch.Generator().manual_seed(7 * 100_003 + 64)
+    z = torch.randn(64, 64, generator=g, dtype=torch.float64)
+    assert torch.equal(embeddings(64, 64, 7), z / z.norm(dim=1, keepdim=True))
+    for b in (0.5, 1.0, 2.0):
+        x = embeddings(64, 64, 7, shared=b)
+        assert torch.allclose(x.norm(dim=1), torch.ones(64, dtype=torch.float64))
+        cos = x @ x.T
+        mean = float((cos.sum() - 64) / (64 * 63))
+        assert abs(mean - b * b / (1 + b * b)) < 0.05, (b, mean)
+
+
 def test_bad_cost_config():
     with pytest.raises(SinklabError, match="lengths"):
         CostConfig(lengths=(2,))
     with pytest.raises(SinklabError, match="task"):
         CostConfig(tasks=("ring",))
+    with pytest.raises(SinklabError, match="shared"):
+        CostConfig(shared=-1.0)

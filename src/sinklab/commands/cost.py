@@ -32,7 +32,10 @@ def cost(
     task: Annotated[Task, typer.Option(help="Pattern(s) to fit.")] = Task.both,
     accuracy: Annotated[float, typer.Option(help="Min attention on the target key.")] = 0.9,
     dim: Annotated[int | None, typer.Option(help="Embedding dim (default: T).")] = None,
-    steps: Annotated[int, typer.Option(help="Adam steps per norm radius.")] = 60,
+    steps: Annotated[int, typer.Option(help="Adam steps per norm radius.")] = 300,
+    shared: Annotated[
+        float, typer.Option(help="Weight of a direction all tokens share (0: random tokens).")
+    ] = 0.0,
     bisections: Annotated[int, typer.Option(help="Bisection steps on the norm radius.")] = 7,
     seed: SeedOpt = 0,
     out: Annotated[Path, typer.Option("--out", "-o", help="Output folder.")] = Path("lab-cost"),
@@ -56,6 +59,7 @@ def cost(
         steps=steps,
         bisections=bisections,
         seed=seed,
+        shared=shared,
     )
     with progress(fmt is OutputFormat.text) as prog:
         bar = prog.add_task("fitting", total=len(ts) * len(tasks), status="")
@@ -66,7 +70,13 @@ def cost(
             ),
         )
     write_json_atomic(out / "cost.json", result.to_json())
-    plot_cost(result.rows, result.fits, out / "cost.png")
+    cos = result.rows[0]["mean_cosine"] if result.rows else 0.0
+    plot_cost(
+        result.rows,
+        result.fits,
+        out / "cost.png",
+        subtitle=f"shared {shared:g} (mean token cosine {cos:.2f}), accuracy {accuracy:g}",
+    )
     if fmt is OutputFormat.json:
         emit_json(result.to_json())
         return

@@ -2,7 +2,12 @@
 
 Setup, at each context length ``T``: ``T`` token embeddings ``X`` (T, d), unit-norm random
 Gaussian rows (seeded), ``d = T`` by default (each position its own token, as in copy tasks;
-``dim`` fixes ``d`` instead). One causal attention layer with full matrices: scores
+``dim`` fixes ``d`` instead). ``shared = b`` adds a direction every token has, ``x_t ~ z_t + b e``
+(then normalised; mean cosine between tokens ``b^2 / (1 + b^2)``), as residual streams share a
+mean direction. Geometry may decide the answer: a sink needs one query direction common to every
+query, which random tokens (``shared = 0``) lack and shared-direction tokens provide.
+
+One causal attention layer with full matrices: scores
 ``s[t, j] = x_t W_QK x_j^T``, softmax over ``j <= t``, output ``o_t = sum_j A[t, j] x_j W_VO``.
 
 Patterns (queries ``t >= 1``; query 0 sees only itself):
@@ -47,7 +52,8 @@ class CostConfig:
     tasks: tuple[str, ...] = TASKS
     accuracy: float = 0.9  # every query puts >= 90 % of its attention on the target key
     dim: int | None = None  # embedding dim d; None = T (one direction per position)
-    steps: int = 60  # Adam steps per radius (warm-started from the previous radius)
+    steps: int = 300  # Adam steps per radius (warm-started); 1000 changes T=256 norms < 1 %
+    shared: float = 0.0  # weight of a direction shared by every token (0: none)
     bisections: int = 7  # radius known to a factor 2^(1/128), under 1 %
     seed: int = 0
 
@@ -60,15 +66,22 @@ class CostConfig:
             raise SinklabError(f"accuracy must be in [0.5, 1), got {self.accuracy}")
         if self.dim is not None and self.dim < 2:
             raise SinklabError(f"dim must be >= 2 or None (= T), got {self.dim}")
+        if not 0 <= self.shared <= 10:
+            raise SinklabError(f"shared must be in [0, 10], got {self.shared}")
         if self.steps < 10 or self.bisections < 1:
             raise SinklabError("steps must be >= 10 and bisections >= 1")
 
 
-def embeddings(t: int, d: int, seed: int) -> Tensor:
-    """Unit-norm random token embeddings (T, d), float64, seeded by ``(seed, T)``."""
+def embeddings(t: int, d: int, seed: int, shared: float = 0.0) -> Tensor:
+    """Unit-norm token embeddings (T, d), float64, seeded by ``(seed, T)``: random directions,
+    plus ``shared`` times the first basis vector before the final normalisation."""
     g = torch.Generator().manual_seed(seed * 100_003 + t)
     x = torch.randn(t, d, generator=g, dtype=torch.float64)
-    return x / x.norm(dim=1, keepdim=True)
+    x = x / x.norm(dim=1, keepdim=True)
+    if shared:
+        x[:, 0] += shared
+        x = x / x.norm(dim=1, keepdim=True)
+    return x
 
 
 def attention(x: Tensor, w_qk: Tensor) -> Tensor:
@@ -118,7 +131,7 @@ def norms(w: Tensor) -> dict[str, float]:
 def fit_layer(task: str, t: int, config: CostConfig) -> tuple[Tensor, Tensor, Tensor]:
     """Smallest-norm fit for ``task`` at length ``t``: ``X (T, d), W_QK (d, d), W_VO (d, d)``."""
     d = config.dim or t
-    x = embeddings(t, d, config.seed)
+    x = embeddings(t, d, config.seed, config.shared)
     keys = target_keys(task, t)
     g = torch.Generator().manual_seed(config.seed)
     u = torch.randn(d, d, generator=g, dtype=torch.float64) / d
@@ -153,10 +166,12 @@ def fit_pattern(task: str, t: int, config: CostConfig) -> dict[str, Any]:
     worst = _worst(x, w_qk, keys)
     tol = (1 - config.accuracy) * max(float(y.norm()), 1.0)
     qk, vo = norms(w_qk), norms(w_vo)
+    cos = x @ x.T
     return {
         "task": task,
         "T": t,
         "d": x.shape[1],
+        "mean_cosine": float((cos.sum() - cos.diagonal().sum()) / (t * (t - 1))),
         "worst_target_weight": worst,
         "output_error": out_err,
         "realised": bool(worst >= config.accuracy and out_err <= tol),

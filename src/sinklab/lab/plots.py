@@ -77,9 +77,13 @@ def plot_sweep(rows: Sequence[dict[str, Any]], path: Path, *, title: str = "") -
     return _save(fig, path, {"rows": list(rows), "title": title})
 
 
-def plot_cost(rows: Sequence[dict[str, Any]], fits: dict[str, Any], path: Path) -> Figure:
+def plot_cost(
+    rows: Sequence[dict[str, Any]], fits: dict[str, Any], path: Path, *, subtitle: str = ""
+) -> Figure:
     """Log-log norm of the fitted layer against T, per pattern, with the fitted power laws."""
     fig, axes = plt.subplots(1, 2, figsize=(10, 4))
+    if subtitle:
+        fig.suptitle(subtitle, fontsize=9)
     for ax, norm in zip(axes, ("fro", "nuc"), strict=True):
         for task in sorted({r["task"] for r in rows}):
             sub = [r for r in rows if r["task"] == task]
