@@ -179,6 +179,52 @@ def write_progress(path: str, done: int, nll, ms, curve, checkpoints, blocks) ->
     tmp.replace(path)
 
 
+# ------------------------------------------------------------------------- figure
+def plot_report(reports: list[dict], path: Path) -> None:
+    """One figure from one or more reports: PPL of each 1000 tokens (log), ms/token timeline,
+    and the soak's RSS curve (peak and current)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    runs: dict[str, dict] = {}
+    for rep in reports:
+        for name, res in rep.get("policies", {}).items():
+            runs[name] = res
+        for name, res in rep.get("peers", {}).items():
+            if isinstance(res, dict):
+                runs[name] = res
+        if "soak" in rep:
+            runs["sink (soak)"] = rep["soak"]
+    fig, (a, b, c) = plt.subplots(1, 3, figsize=(15, 4))
+    for name, res in runs.items():
+        blocks = res.get("ms_per_1000") or []
+        if blocks:
+            x = [blk[0] for blk in blocks]
+            a.plot(x, [blk[3] for blk in blocks], label=f"{name} (PPL {res['ppl']:.2f})")
+            b.plot(x, [blk[1] for blk in blocks], label=name)
+        elif res.get("ppl"):
+            a.axhline(res["ppl"], ls=":", lw=0.8, label=f"{name} (PPL {res['ppl']:.2f}, overall)")
+    a.set(yscale="log", xlabel="tokens streamed", ylabel="PPL of each 1000 tokens")
+    b.set(xlabel="tokens streamed", ylabel="median ms/token of each 1000")
+    soak = runs.get("sink (soak)", {})
+    if soak.get("rss_curve"):
+        x = [r[0] for r in soak["rss_curve"]]
+        c.plot(x, [r[1] for r in soak["rss_curve"]], label="peak RSS")
+        if len(soak["rss_curve"][0]) > 2:
+            c.plot(x, [r[2] for r in soak["rss_curve"]], label="current RSS")
+        c.set_ylim(0, 1.15 * max(max(r[1:]) for r in soak["rss_curve"]))  # flat means flat
+    c.set(xlabel="tokens streamed", ylabel="MB", title="sink soak: memory")
+    for ax in (a, b, c):
+        ax.grid(alpha=0.3)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 # ------------------------------------------------------------------------- driver side
 def run_worker(spec: dict, python: str = sys.executable) -> dict:
     """One measurement in a fresh process."""
@@ -281,9 +327,17 @@ def main() -> None:
     ap.add_argument("--soak-tokens", type=int, default=0, help="sink soak with an RSS curve")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--out", type=Path, help="also write the report here, after every stage")
+    ap.add_argument(
+        "--plot", nargs="+", type=Path, metavar="JSON", help="only draw reports into --out (PNG)"
+    )
     args = ap.parse_args()
     if args.worker:
         print(json.dumps(worker(json.loads(args.worker))))
+        return
+    if args.plot:
+        if not args.out:
+            raise SystemExit("--plot needs --out FILE.png")
+        plot_report([json.loads(f.read_text()) for f in args.plot], args.out)
         return
 
     import torch
