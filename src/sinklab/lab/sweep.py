@@ -93,6 +93,8 @@ def run_sweep(
         if prior is not None and prior.config == config:  # resume: this run is already done
             log.info("reusing the finished run in %s", out / value)
             result = prior
+            if prior.loss:  # show it as done
+                step_cb(*prior.loss[-1])
         else:
             result = train(config, out / value, data=data, callback=step_cb)
         rows.append(summary_row(value, result))
