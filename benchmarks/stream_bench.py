@@ -107,6 +107,7 @@ def worker(spec: dict) -> dict:
             res = summarize(nll, ms, {"end": rss()}, n)
             res["ms_per_token_at_1k"] = _median_ms(ms, 900 // every, 1100 // every + 1)
             res["recompute_every"] = every
+            save_nll(spec, [t + 1 for t in range(0, n, every)], nll)
             return res
         if policy == "dynamic-cache":
             cache = DynamicCache()
@@ -141,6 +142,7 @@ def worker(spec: dict) -> dict:
                 )
             if spec.get("progress") and (t + 1 in marks_at or (t + 1) % 1000 == 0):
                 write_progress(spec["progress"], t + 1, nll, ms, curve, checkpoints, blocks)
+        save_nll(spec, list(range(1, n + 1)), nll)
         res = summarize(
             nll, ms, {**{k: v for k, v in marks.items() if k == "2000"}, "end": rss()}, n
         )
@@ -158,6 +160,23 @@ def worker(spec: dict) -> dict:
         if blocks:
             res["ms_per_1000"] = blocks
         return res
+
+
+def save_nll(spec: dict, targets: list[int], nll: list[float]) -> None:
+    """Per-target NLLs (nats) to ``spec["nll_file"]``, to compare runs on shared targets."""
+    if spec.get("nll_file"):
+        Path(spec["nll_file"]).write_text(json.dumps({"targets": targets, "nll": nll}))
+
+
+def same_targets(a_file: Path, b_file: Path) -> dict:
+    """PPL of two runs on the targets both scored (e.g. sink on the recompute oracle's sample)."""
+    a, b = (json.loads(Path(f).read_text()) for f in (a_file, b_file))
+    na = dict(zip(a["targets"], a["nll"], strict=True))
+    nb = dict(zip(b["targets"], b["nll"], strict=True))
+    common = sorted(set(na) & set(nb))
+    ppl_a = math.exp(statistics.fmean(na[t] for t in common))
+    ppl_b = math.exp(statistics.fmean(nb[t] for t in common))
+    return {"n_targets": len(common), "ppl_a": ppl_a, "ppl_b": ppl_b, "ratio": ppl_a / ppl_b}
 
 
 def write_progress(path: str, done: int, nll, ms, curve, checkpoints, blocks) -> None:
@@ -379,10 +398,20 @@ def main() -> None:
             "recompute_every": args.recompute_every,
             "checkpoints": marks,
             "progress": str(WORK / f"progress-{policy}.json"),
+            "nll_file": str(WORK / f"nll-{policy}.json"),
         }
         report["policies"][policy] = run_worker(spec)
         print(f"{policy}: {report['policies'][policy]}", file=sys.stderr)
         save()
+    done = report["policies"]
+    if all("ppl" in done.get(p, {}) for p in ("sink", "recompute")):
+        cmp = same_targets(WORK / "nll-sink.json", WORK / "nll-recompute.json")
+        report["sink_vs_recompute"] = {
+            "n_targets": cmp["n_targets"],
+            "sink_ppl": cmp["ppl_a"],
+            "recompute_ppl": cmp["ppl_b"],
+            "ratio": cmp["ratio"],
+        }
     save()
     pairs: dict[str, list[float]] = {"sink": [], "dynamic-cache": []}
     for _ in range(args.rounds):

@@ -53,6 +53,24 @@ def test_stream_worker_on_a_tiny_model(bench, tmp_path, tiny_model_dir, policy):
     assert saved["done"] == 40 and saved["checkpoints"] == res["checkpoints"]
 
 
+def test_sink_and_recompute_compared_on_the_oracle_targets(bench, tmp_path, tiny_model_dir):
+    model = tiny_model_dir("llama")
+    files = {p: tmp_path / f"nll-{p}.json" for p in ("sink", "recompute")}
+    for policy, f in files.items():
+        bench.worker(
+            _spec(tmp_path, model, kind="stream", policy=policy, recompute_every=7, nll_file=str(f))
+        )
+    sink, rec = (json.loads(f.read_text()) for f in files.values())
+    assert sink["targets"] == list(range(1, 60)) and rec["targets"] == list(range(1, 60, 7))
+    cmp = bench.same_targets(files["sink"], files["recompute"])
+    want = math.exp(sum(sink["nll"][t - 1] for t in rec["targets"]) / len(rec["targets"]))
+    assert cmp["n_targets"] == 9 and cmp["ppl_a"] == pytest.approx(want, rel=1e-12)
+    # the first 12 positions fit the cache: there the sink cache and the oracle see the same tokens
+    early = [t for t in rec["targets"] if t <= 12]
+    for t in early:
+        assert sink["nll"][t - 1] == pytest.approx(rec["nll"][rec["targets"].index(t)], abs=1e-4)
+
+
 def test_stream_worker_sink_equals_its_own_checkpoint_ppl(bench, tmp_path, tiny_model_dir):
     """A checkpoint's PPL is the running PPL over the tokens so far (the same NLLs)."""
     spec = _spec(tmp_path, tiny_model_dir("llama"), kind="stream", policy="sink")
