@@ -13,7 +13,9 @@ def test_cost_cli_writes_json_and_figure(tmp_path):
     assert proc.returncode == 0, proc.stderr
     data = json.loads((tmp_path / "cost.json").read_text())
     assert [r["T"] for r in data["rows"]] == [8, 16] and all(r["realised"] for r in data["rows"])
-    assert (tmp_path / "cost.png").is_file() and (tmp_path / "cost.json").is_file()
+    assert (tmp_path / "cost_loglog.png").is_file() and (tmp_path / "cost_loglog.json").is_file()
+    assert {"config", "meta"} <= set(data)  # the result, not overwritten by the figure's numbers
+    assert data["config"]["steps"] == 20 and data["config"]["shared"] == 0.0
     assert "realised at every T: True" in proc.stderr
     assert "fro_qk" in data["fits"]["sink"] and "fro_vo" not in data["fits"]["sink"]  # W_VO = 0
 

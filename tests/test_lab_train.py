@@ -99,6 +99,9 @@ def test_sweep_resumes_finished_runs_and_retrains_changed_ones(tmp_path):
     base = TrainConfig(**{**TINY, "steps": 4})
     first = run_sweep("data", base, tmp_path)
     stamps = {d: (tmp_path / d / "train.json").stat().st_mtime_ns for d in DATA_STRATEGIES}
+    saved = json.loads((tmp_path / "sweep.json").read_text())
+    assert saved["kind"] == "data" and saved["rows"] == first.rows and "meta" in saved
+    assert (tmp_path / "sweep_compare.png").is_file() and (tmp_path / "sweep.md").is_file()
     again = run_sweep("data", base, tmp_path)
     assert again.rows == first.rows
     assert stamps == {d: (tmp_path / d / "train.json").stat().st_mtime_ns for d in DATA_STRATEGIES}

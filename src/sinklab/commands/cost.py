@@ -74,7 +74,7 @@ def cost(
     plot_cost(
         result.rows,
         result.fits,
-        out / "cost.png",
+        out / "cost_loglog.png",
         subtitle=f"shared {shared:g} (mean token cosine {cos:.2f}), accuracy {accuracy:g}",
     )
     if fmt is OutputFormat.json:
@@ -87,7 +87,9 @@ def cost(
             f"nuclear ~ T^{n['exponent']:.2f} (R2 {n['r2']:.2f})"
         )
     bad = [f"{r['task']}@{r['T']}" for r in result.rows if not r["realised"]]
-    stderr.print(f"realised at every T: {not bad} {bad or ''}; wrote {out}/cost.json, cost.png")
+    stderr.print(
+        f"realised at every T: {not bad} {bad or ''}; wrote {out}/cost.json, cost_loglog.png"
+    )
 
 
 def register(app: typer.Typer) -> None:

@@ -81,7 +81,7 @@ def train(
         emit_json(summary)
     elif sweep is not None:
         stderr.print(result.table())
-        stderr.print(f"wrote {out}/sweep.json, sweep.md, sweep.png")
+        stderr.print(f"wrote {out}/sweep.json, sweep.md, sweep_compare.png")
     else:
         v = result.val
         stderr.print(

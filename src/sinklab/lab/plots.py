@@ -12,6 +12,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 from matplotlib.figure import Figure
+from matplotlib.ticker import NullFormatter
 
 from sinklab.meta import write_json_atomic
 
@@ -94,6 +95,9 @@ def plot_cost(
             fitted = [fit["coef"] * tt ** fit["exponent"] for tt in t]
             ax.loglog(t, fitted, "--", lw=0.8, color=dots.get_color())
         name = "Frobenius" if norm == "fro" else "nuclear"
+        lengths = sorted({r["T"] for r in rows})
+        ax.set_xticks(lengths, labels=[str(t) for t in lengths])  # the measured T, no 4x10^1
+        ax.xaxis.set_minor_formatter(NullFormatter())
         ax.set(xlabel="context length T (tokens)", ylabel=f"{name} norm ||W_QK|| + ||W_VO||")
         ax.set_title(f"cost of a pattern ({name})")
         ax.legend(fontsize=8)

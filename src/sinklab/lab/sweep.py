@@ -1,5 +1,5 @@
 """Sweeps: one training run per attention variant (``variants``) or data strategy (``data``),
-everything else fixed, compared in one figure (``sweep.png``) and one table (``sweep.json``,
+everything else fixed, compared in one figure (``sweep_compare.png``) and one table (``sweep.json``,
 ``sweep.md``). The tokenizer is trained once and shared by every run of a sweep. A run whose
 folder already holds a finished ``train.json`` with the same configuration is reused, not
 retrained, so an interrupted sweep resumes where it stopped."""
@@ -112,4 +112,4 @@ def write_outputs(sweep: SweepResult, out: Path) -> None:
     title = f"{sweep.kind} ({fixed}, {b.steps} steps, seed {b.seed})"
     write_json_atomic(out / "sweep.json", sweep.to_json())
     (out / "sweep.md").write_text(f"# sweep: {title}\n\n{sweep.table()}\n", encoding="utf-8")
-    plot_sweep(sweep.rows, out / "sweep.png", title=title)
+    plot_sweep(sweep.rows, out / "sweep_compare.png", title=title)
