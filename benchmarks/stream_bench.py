@@ -217,14 +217,16 @@ def plot_report(reports: list[dict], path: Path) -> None:
         if "soak" in rep:
             runs["sink (soak)"] = rep["soak"]
     fig, (a, b, c) = plt.subplots(1, 3, figsize=(15, 4))
-    for name, res in runs.items():
-        blocks = res.get("ms_per_1000") or []
+    for i, (name, res) in enumerate(runs.items()):
+        color, blocks = f"C{i}", res.get("ms_per_1000") or []
         if blocks:
             x = [blk[0] for blk in blocks]
-            a.plot(x, [blk[3] for blk in blocks], label=f"{name} (PPL {res['ppl']:.2f})")
-            b.plot(x, [blk[1] for blk in blocks], label=name)
+            label = f"{name} (PPL {res['ppl']:.2f})"
+            a.plot(x, [blk[3] for blk in blocks], color=color, label=label)
+            b.plot(x, [blk[1] for blk in blocks], color=color, label=name)
         elif res.get("ppl"):
-            a.axhline(res["ppl"], ls=":", lw=0.8, label=f"{name} (PPL {res['ppl']:.2f}, overall)")
+            label = f"{name} (PPL {res['ppl']:.2f}, overall)"
+            a.axhline(res["ppl"], ls=":", lw=1, color=color, label=label)
     a.set(yscale="log", xlabel="tokens streamed", ylabel="PPL of each 1000 tokens")
     b.set(xlabel="tokens streamed", ylabel="median ms/token of each 1000")
     soak = runs.get("sink (soak)", {})
