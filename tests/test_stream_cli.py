@@ -53,6 +53,9 @@ def test_stream_all_policies_writes_json_and_figure(capsys, tmp_path: Path, tiny
         assert len(r["nll"]) == 39 and r["ppl"] > 1 and r["peak_rss_mb"] > 0
     assert data["policies"]["sink"]["max_cache_len"] == 10
     assert data["on_recompute_targets"]["recompute_every"] == 5
+    flat = " ".join(err.split())  # the console wraps long lines
+    assert "max cache none (a fresh forward per target)" in flat
+    assert "on the 8 targets the oracle scored (every 5th): dense " in flat
     assert (out / "running_ppl.png").stat().st_size > 1000
     plotted = json.loads((out / "running_ppl.json").read_text())
     assert set(plotted["series"]) == set(data["policies"])

@@ -149,9 +149,17 @@ def stream(
     title = f"Streaming perplexity ({loaded.info.name}, n_sink={n_sink}, window={window})"
     fig = plot_running_ppl(data, out / "running_ppl.png", title, n_sink + window)
     for name, r in result.policies.items():
+        cache = "none (a fresh forward per target)" if r.max_cache_len is None else r.max_cache_len
         stderr.print(
             f"{name:>9}: ppl {r.ppl:8.2f}  {r.tokens_per_s:6.1f} tok/s  "
-            f"peak RSS {r.peak_rss_mb:7.0f} MB  max cache {r.max_cache_len}"
+            f"peak RSS {r.peak_rss_mb:7.0f} MB  max cache {cache}"
+        )
+    shared = data.get("on_recompute_targets")
+    if shared and len(shared.get("ppl", {})) > 1:
+        each = ", ".join(f"{k} {v:.2f}" for k, v in shared["ppl"].items())
+        stderr.print(
+            f"on the {shared['n_scored']} targets the oracle scored "
+            f"(every {shared['recompute_every']}th): {each}"
         )
     stderr.print(f"wrote {out / 'stream.json'} and {fig}")
 
