@@ -53,7 +53,7 @@ def test_decoding_with_cache_matches_sdpa():
         ref = model(ids).logits[:, -1]
         with sinklab_attention(model, Recorder()):
             out = model(ids[:, :-1], use_cache=True)
-            step = model(ids[:, -1:], past_key_values=out.past_key_values).logits[:, -1]
+            step = model(ids[:, -1:], cache=out.past_key_values).logits[:, -1]
     torch.testing.assert_close(step, ref, atol=1e-5, rtol=0)
 
 
