@@ -36,12 +36,6 @@ def _median_ms(ms: list[float], lo: int, hi: int) -> float | None:
     return round(statistics.median(part), 2) if part else None
 
 
-def current_rss_mb() -> float:
-    """Resident set size now (the curve's second column; ru_maxrss is the peak so far)."""
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
-
-
 def summarize(nll: list[float], ms: list[float], rss: dict, n_tokens: int) -> dict:
     """ms/token at 1k (median of targets 900..1100) and at the end (last 200 scored)."""
     scored = [x for x in nll if x == x]
@@ -60,7 +54,7 @@ def worker(spec: dict) -> dict:
 
     from sinklab.cache import CacheConfig, SinkCache, kept_positions
     from sinklab.models import load_model
-    from sinklab.streaming import choose_sinks
+    from sinklab.streaming import choose_sinks, rss_mb
 
     torch.set_num_threads(spec["threads"])
     model = load_model(spec.get("model")).model
@@ -118,7 +112,8 @@ def worker(spec: dict) -> dict:
                 marks["sink_positions"] = list(sinks)
             cache = SinkCache(model, CacheConfig(policy, n_sink, window, sinks))
         checkpoints: list[dict] = []
-        blocks: list[tuple] = []  # (tokens, median ms, load, PPL) of each 1000 tokens
+        block = spec.get("block", 1000)  # tests use a shorter block
+        blocks: list[tuple] = []  # (tokens, median ms, load, PPL) of each block of tokens
         marks_at = set(spec.get("checkpoints", []))
         for t in range(n):
             t0 = time.perf_counter()
@@ -129,18 +124,18 @@ def worker(spec: dict) -> dict:
             if t + 1 == 2000:
                 marks["2000"] = rss()
             if spec.get("curve_every") and (t + 1) % spec["curve_every"] == 0:
-                curve.append((t + 1, round(rss(), 1), round(current_rss_mb(), 1)))
+                curve.append((t + 1, round(rss(), 1), round(rss_mb(), 1)))
             if t + 1 in marks_at:  # figures over the first t+1 tokens, as if the run ended here
                 checkpoints.append(
                     {"tokens": t + 1, **summarize(nll, ms, {"now": rss()}, t + 1)}
                     | {"loadavg_1m": os.getloadavg()[0]}
                 )
-            if (t + 1) % 1000 == 0:  # a timeline, to set beside runs made at the same time
-                seg = math.exp(statistics.fmean(x for x in nll[-1000:] if x == x))
+            if (t + 1) % block == 0:  # a timeline, to set beside runs made at the same time
+                seg = math.exp(statistics.fmean(x for x in nll[-block:] if x == x))
                 blocks.append(
-                    (t + 1, round(statistics.median(ms[-1000:]), 2), os.getloadavg()[0], seg)
+                    (t + 1, round(statistics.median(ms[-block:]), 2), os.getloadavg()[0], seg)
                 )
-            if spec.get("progress") and (t + 1 in marks_at or (t + 1) % 1000 == 0):
+            if spec.get("progress") and (t + 1 in marks_at or (t + 1) % block == 0):
                 write_progress(spec["progress"], t + 1, nll, ms, curve, checkpoints, blocks)
         save_nll(spec, list(range(1, n + 1)), nll)
         res = summarize(

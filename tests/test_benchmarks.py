@@ -71,6 +71,19 @@ def test_sink_and_recompute_compared_on_the_oracle_targets(bench, tmp_path, tiny
         assert sink["nll"][t - 1] == pytest.approx(rec["nll"][rec["targets"].index(t)], abs=1e-4)
 
 
+def test_block_timeline_ppl_equals_its_tokens_nll(bench, tmp_path, tiny_model_dir):
+    """Each block's PPL is exp(mean NLL) of its own targets, recomputed from the NLL file."""
+    nll_file = tmp_path / "nll.json"
+    spec = _spec(tmp_path, tiny_model_dir("llama"), kind="stream", policy="sink", block=20)
+    res = bench.worker(spec | {"nll_file": str(nll_file), "curve_every": 20})
+    nll = json.loads(nll_file.read_text())["nll"]
+    assert [b[0] for b in res["ms_per_1000"]] == [20, 40]
+    for end, ms, _load, ppl in res["ms_per_1000"]:
+        assert ppl == pytest.approx(math.exp(sum(nll[end - 20 : end]) / 20), rel=1e-12)
+        assert ms > 0
+    assert all(peak > 0 and now > 0 for _, peak, now in res["rss_curve"])
+
+
 def test_stream_worker_sink_equals_its_own_checkpoint_ppl(bench, tmp_path, tiny_model_dir):
     """A checkpoint's PPL is the running PPL over the tokens so far (the same NLLs)."""
     spec = _spec(tmp_path, tiny_model_dir("llama"), kind="stream", policy="sink")
