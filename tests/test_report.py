@@ -337,8 +337,16 @@ def _main_one_line_error(capsys, args: list[str], needle: str) -> None:
 
 def test_refuses_a_folder_that_is_not_a_report(tmp_path, capsys):
     (tmp_path / "thesis.tex").write_text("precious")
-    _main_one_line_error(capsys, ["report", "--out", str(tmp_path)], "is not a sinklab report")
+    _main_one_line_error(capsys, ["report", "--out", str(tmp_path)], "sinklab did not write")
     assert (tmp_path / "thesis.tex").read_text() == "precious"
+    # a user's file named like ours (results.json) does not make the folder a report
+    (tmp_path / "results.json").write_text("{}")
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "c.tex").write_text("chapter")
+    args = ["report", "--quick", "--stages", "first-token", "--out", str(tmp_path)]
+    _main_one_line_error(capsys, args, "sinklab did not write")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["data", "results.json", "thesis.tex"]
+    assert (tmp_path / "data" / "c.tex").read_text() == "chapter"
     _main_one_line_error(
         capsys, ["report", "--out", str(tmp_path / "thesis.tex")], "is a file; pass a folder"
     )

@@ -159,7 +159,7 @@ def test_generic_view_tables_and_curves_point_into_the_json(tmp_path):
 def test_remove_stale_builds_only_touches_dead_runs(tmp_path):
     import os
 
-    from sinklab.report.build import remove_stale_builds
+    from sinklab.outputs import remove_stale_builds
 
     out = tmp_path / "report"
     dead = tmp_path / ".report.tmp-999999999-abc"

@@ -9,9 +9,6 @@ deleted last). A stage that raises becomes a failed section with its error; the 
 
 from __future__ import annotations
 
-import os
-import shutil
-import tempfile
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -20,16 +17,16 @@ from pathlib import Path
 from typing import Any
 
 from sinklab.corpus import Text
-from sinklab.errors import SinklabError
 from sinklab.meta import build_meta, versions, write_json_atomic
 from sinklab.models import LoadedModel
+from sinklab.outputs import check_out, output_dir
 from sinklab.report.html import render_page
 from sinklab.report.stages import ReportConfig, Stage, StageContext, StageResult, run_stage
 from sinklab.report.summary import headline
 
 # (estimated seconds done, estimated seconds in all, "stage i/n: name - note")
 ReportCallback = Callable[[float, float, str], None]
-MARKER = "results.json"  # a folder holding this is a sinklab report we may replace
+COMMAND = "report"  # the marker name a previous report carries (see sinklab.outputs)
 
 
 @dataclass
@@ -47,53 +44,8 @@ class Report:
 
 
 def check_out_dir(out: Path) -> None:
-    """Refuse to replace a folder that is not a previous sinklab report (user data is sacred)."""
-    if out.exists() and not out.is_dir():
-        raise SinklabError(f"--out {str(out)!r} is a file; pass a folder for the report")
-    if out.is_dir() and any(out.iterdir()) and not (out / MARKER).is_file():
-        raise SinklabError(
-            f"--out {str(out)!r} exists and is not a sinklab report (no {MARKER}); "
-            "pass a new or empty folder so nothing of yours is replaced"
-        )
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-def remove_stale_builds(out: Path) -> list[Path]:
-    """Delete ``.DIR.tmp-PID-*`` / ``.DIR.old-PID`` folders left by runs that were killed hard
-    (SIGKILL, power loss) and whose process is gone; returns what was removed."""
-    removed = []
-    for prefix in (f".{out.name}.tmp-", f".{out.name}.old-"):
-        for path in out.parent.glob(prefix + "*"):
-            pid = path.name.removeprefix(prefix).split("-")[0]
-            if path.is_dir() and pid.isdigit() and not _alive(int(pid)):
-                shutil.rmtree(path, ignore_errors=True)
-                removed.append(path)
-    return removed
-
-
-def _swap_into_place(tmp: Path, out: Path) -> None:
-    """Move the finished ``tmp`` folder to ``out``, replacing a previous report last."""
-    old = None
-    if out.exists():
-        old = out.parent / f".{out.name}.old-{os.getpid()}"
-        out.rename(old)
-    try:
-        tmp.rename(out)
-    except BaseException:
-        if old is not None and not out.exists():
-            old.rename(out)  # put the previous report back
-        raise
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
+    """Refuse a folder that is not a previous sinklab report (user data is sacred)."""
+    check_out(out, COMMAND)
 
 
 def _footer(loaded: LoadedModel, text: Text, n_results: int, seconds: float) -> dict[str, str]:
@@ -127,19 +79,11 @@ def build_report(
     ``callback(done, total, label)`` reports progress in estimated seconds; ``on_stage(result)``
     is called as each stage finishes.
     """
-    out = Path(out).expanduser().resolve()
-    check_out_dir(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    remove_stale_builds(out)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-{os.getpid()}-", dir=out.parent))
-    try:
+    out = check_out(out, COMMAND)
+    with output_dir(out, COMMAND) as tmp:
         report = _build_in(
             tmp, loaded, text, stages, config, model_spec, text_spec, callback, on_stage, out
         )
-        _swap_into_place(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     report.out = out
     return report
 
