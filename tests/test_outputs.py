@@ -39,10 +39,9 @@ def test_error_or_interrupt_keeps_previous_output_byte_identical(tmp_path):
     out = tmp_path / "run"
     _write(out, "probe", "probe.json", "good")
     for exc in (RuntimeError("boom"), KeyboardInterrupt()):
-        with pytest.raises(type(exc)):
-            with output_dir(out, "probe") as tmp:
-                (tmp / "probe.json").write_text("half")
-                raise exc
+        with pytest.raises(type(exc)), output_dir(out, "probe") as tmp:
+            (tmp / "probe.json").write_text("half")
+            raise exc
         assert (out / "probe.json").read_text() == "good"
     assert [p.name for p in tmp_path.iterdir()] == ["run"]
 
