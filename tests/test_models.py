@@ -5,7 +5,8 @@ import torch
 
 from sinklab.corpus import load_text, token_stream
 from sinklab.errors import SinklabError
-from sinklab.models import ABSOLUTE, ROPE, load_model
+from sinklab.models import load_model
+from sinklab.rotary import ABSOLUTE, ROPE
 
 
 def test_local_folder_loads_with_facts(tiny_model_dir):

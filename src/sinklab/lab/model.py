@@ -13,8 +13,9 @@ Read top to bottom: config, RoPE, attention, MLP, block, model, LM head, registr
   (unnormalised ``sigmoid(s + b)`` with the fixed bias ``b = -log(max_position_embeddings)``, added
   to every score through one extra q/k dimension, since the hooks read no bias).
 
-Importing this module registers model type ``sinklab-tiny`` with ``AutoConfig`` and
-``AutoModelForCausalLM``, so :func:`sinklab.models.load_model` reads lab checkpoints.
+:func:`register_lab_models` registers model type ``sinklab-tiny`` with ``AutoConfig`` and
+``AutoModelForCausalLM``; :func:`sinklab.models.load_model` calls it when a folder holds a lab
+checkpoint (importing this module registers nothing).
 """
 
 from __future__ import annotations
@@ -265,7 +266,7 @@ class LabForCausalLM(LabPreTrainedModel):
         return CausalLMOutputWithPast(loss=loss, logits=logits)
 
 
-def register() -> None:
+def register_lab_models() -> None:
     """Register ``sinklab-tiny`` with the Auto classes (idempotent)."""
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
@@ -275,6 +276,3 @@ def register() -> None:
         AutoModelForCausalLM.register(LabConfig, LabForCausalLM)
     # sinklab.models checks this name table to tell causal LMs apart
     MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.setdefault(MODEL_TYPE, LabForCausalLM.__name__)
-
-
-register()

@@ -1,0 +1,184 @@
+"""sinklab's imports run one way (core -> areas -> report -> commands -> cli) and form no cycle.
+
+The graph is read from the source with ``ast`` (no import is executed): module-level imports (what
+runs when a module is imported), or every import but ``TYPE_CHECKING`` ones (a function-level import
+hides a cycle, it does not break it).
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+SRC = Path(__file__).resolve().parents[1] / "src"
+PKG = SRC / "sinklab"
+
+# Layers, lowest first: a module may import its own layer or a lower one. A module not listed is
+# an area (layer 1); put a new core module here.
+CORE = {
+    "sinklab",
+    "sinklab.__main__",
+    "sinklab.errors",
+    "sinklab.attention",
+    "sinklab.hooks",
+    "sinklab.seam",
+    "sinklab.rotary",
+    "sinklab.models",
+    "sinklab.corpus",
+    "sinklab.meta",
+    "sinklab.outputs",
+    "sinklab.policy",
+    "sinklab.cache",
+}
+LAYERS = {"core": 0, "area": 1, "report": 2, "commands": 3, "cli": 4}
+# The documented exceptions: (importer, imported, why).
+ALLOWED_UPWARD = {
+    ("sinklab.models", "sinklab.lab.model"): "loading a saved lab checkpoint registers its type",
+    ("sinklab.models", "sinklab.lab"): "(the package of sinklab.lab.model)",
+    ("sinklab.__main__", "sinklab.cli"): "python -m sinklab runs the CLI",
+}
+
+
+def modules() -> dict[str, Path]:
+    out = {}
+    for path in sorted(PKG.rglob("*.py")):
+        parts = list(path.relative_to(SRC).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts.pop()
+        out[".".join(parts)] = path
+    return out
+
+
+def layer(name: str) -> str:
+    if name in CORE or any(name.startswith(c + ".") for c in CORE - {"sinklab"}):
+        return "core"
+    for top in ("report", "commands", "cli"):
+        if name == f"sinklab.{top}" or name.startswith(f"sinklab.{top}."):
+            return top
+    return "area"
+
+
+def _is_type_checking(node: ast.If) -> bool:
+    test = node.test
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
+
+
+def _walk(body: list[ast.stmt], module_level: bool):
+    """Yield (import node, at module level) outside ``if TYPE_CHECKING`` blocks."""
+    for node in body:
+        if isinstance(node, ast.Import | ast.ImportFrom):
+            yield node, module_level
+        elif isinstance(node, ast.If) and _is_type_checking(node):
+            yield from _walk(node.orelse, module_level)
+        elif isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+            yield from _walk(node.body, module_level and isinstance(node, ast.ClassDef))
+        else:
+            for field in ("body", "orelse", "finalbody", "handlers"):
+                yield from _walk(getattr(node, field, None) or [], module_level)
+
+
+def _ancestors(name: str) -> set[str]:
+    parts = name.split(".")
+    return {".".join(parts[:i]) for i in range(1, len(parts))}
+
+
+def imports(name: str, path: Path, known: set[str]) -> list[tuple[str, bool]]:
+    """(imported sinklab module, at module level) for every import in ``name``."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    is_pkg = path.name == "__init__.py"
+    out: list[tuple[str, bool]] = []
+    for node, top in _walk(tree.body, True):
+        targets: list[str] = []
+        if isinstance(node, ast.Import):
+            targets = [a.name for a in node.names]
+        else:
+            base = node.module or ""
+            if node.level:  # relative import
+                pkg = name.split(".") if is_pkg else name.split(".")[:-1]
+                pkg = pkg[: len(pkg) - node.level + 1]
+                base = ".".join([*pkg, base] if base else pkg)
+            subs = [f"{base}.{a.name}" for a in node.names if f"{base}.{a.name}" in known]
+            names_only = len(subs) < len(node.names)
+            # `from pkg import sub` inside pkg needs only sub; any other name needs pkg's __init__
+            if names_only or base not in _ancestors(name) | {name}:
+                targets.append(base)
+            targets += subs
+        for t in targets:
+            if t.split(".")[0] != "sinklab":
+                continue
+            # importing a.b.c runs a, a.b first: the ones not already being imported count
+            chain = [a for a in sorted(_ancestors(t)) if a not in _ancestors(name) | {name}]
+            out += [(m, top) for m in [*chain, t] if m in known and m != name]
+    return out
+
+
+def graph(module_level: bool) -> dict[str, set[str]]:
+    mods = modules()
+    known = set(mods)
+    return {
+        name: {m for m, top in imports(name, path, known) if top or not module_level}
+        for name, path in mods.items()
+    }
+
+
+def find_cycle(edges: dict[str, set[str]]) -> list[str] | None:
+    """One cycle as a list of modules (first == last), or None."""
+    state: dict[str, int] = {}  # 1 on the stack, 2 done
+    stack: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = 1
+        stack.append(node)
+        for nxt in sorted(edges.get(node, ())):
+            if state.get(nxt) == 1:
+                return [*stack[stack.index(nxt) :], nxt]
+            if nxt not in state and (cycle := visit(nxt)):
+                return cycle
+        stack.pop()
+        state[node] = 2
+        return None
+
+    for node in sorted(edges):
+        if node not in state and (cycle := visit(node)):
+            return cycle
+    return None
+
+
+@pytest.mark.parametrize("module_level", [True, False], ids=["module-level", "deferred-too"])
+def test_no_import_cycle(module_level):
+    """No cycle at import time, nor via imports deferred into functions (they hide one)."""
+    cycle = find_cycle(graph(module_level=module_level))
+    assert cycle is None, "import cycle: " + " -> ".join(cycle)
+
+
+def test_imports_run_one_way():
+    bad = [
+        f"{a} ({layer(a)}) imports {b} ({layer(b)})"
+        for a, targets in graph(module_level=False).items()
+        for b in sorted(targets)
+        if LAYERS[layer(b)] > LAYERS[layer(a)] and (a, b) not in ALLOWED_UPWARD
+    ]
+    assert not bad, "imports against the layering:\n" + "\n".join(bad)
+
+
+def test_the_walker_sees_what_it_checks():
+    """The checks above can fail: the graph has the known edges, and a planted cycle is found."""
+    edges = graph(module_level=True)
+    assert "sinklab.probe.core" in edges["sinklab.ablate.experiments"]
+    assert "sinklab.errors" in edges["sinklab.rotary"]
+    assert "sinklab.models" not in edges["sinklab.meta"]  # TYPE_CHECKING only
+    deferred = graph(module_level=False)
+    assert "sinklab.lab.model" in deferred["sinklab.models"]
+    assert "sinklab.lab.model" not in edges["sinklab.models"]
+    planted = {**edges, "sinklab.errors": edges["sinklab.errors"] | {"sinklab.rotary"}}
+    assert find_cycle(planted) == ["sinklab.errors", "sinklab.rotary", "sinklab.errors"]
+    assert layer("sinklab.report.html") == "report" and layer("sinklab.probe.core") == "area"
+
+
+@pytest.mark.parametrize("name", ["sinklab.rotary", "sinklab.meta"])
+def test_core_modules_import_no_model_loader(name):
+    assert "sinklab.models" not in graph(module_level=False)[name]
