@@ -22,7 +22,6 @@ CORE = {
     "sinklab.__main__",
     "sinklab.errors",
     "sinklab.attention",
-    "sinklab.hooks",
     "sinklab.seam",
     "sinklab.rotary",
     "sinklab.models",

@@ -6,7 +6,6 @@ import torch
 from conftest import make_tiny_model
 from sinklab.attention import sink_softmax
 from sinklab.errors import SinklabError
-from sinklab.hooks import AttentionHandler, sinklab_attention
 from sinklab.interventions import (
     AttentionMix,
     MaskSink,
@@ -17,6 +16,7 @@ from sinklab.interventions import (
     mask_sink,
     sink_logit,
 )
+from sinklab.seam import AttentionHandler, sinklab_attention
 
 
 @pytest.fixture(scope="module")

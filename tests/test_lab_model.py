@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from sinklab.errors import SinklabError
-from sinklab.hooks import AttentionHandler, sinklab_attention
 from sinklab.lab.model import LAB_VARIANTS, LabConfig, LabForCausalLM
+from sinklab.seam import AttentionHandler, sinklab_attention
 
 
 def tiny(variant: str, seed: int = 0) -> LabForCausalLM:

@@ -4,12 +4,11 @@ import pytest
 import torch
 
 from conftest import FAMILIES, make_tiny_model
-from sinklab import hooks
 from sinklab.errors import SinklabError
-from sinklab.hooks import AttentionHandler, sinklab_attention
 from sinklab.probe import ProbeConfig, probe, probe_lengths
 from sinklab.probe import metrics as M
 from sinklab.probe.capture import ProbeCapture
+from sinklab.seam import AttentionHandler, binding, chunked, sinklab_attention
 
 
 class TrimmedRecorder(AttentionHandler):
@@ -61,7 +60,7 @@ def check_weights_and_logits(model, ids, logits_atol: float = 1e-5) -> float:
 
 @pytest.fixture
 def small_chunks(monkeypatch):
-    monkeypatch.setattr(hooks, "CHUNK_BYTES", 4 * 4 * 40 * 6)  # about 6 query rows a chunk
+    monkeypatch.setattr(chunked, "CHUNK_BYTES", 4 * 4 * 40 * 6)  # about 6 query rows a chunk
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -107,7 +106,8 @@ def test_probe_sees_interventions():
     assert res.sink_rate == {"0.3": 1.0, "0.8": 1.0}
     assert res.sink_positions[0]["position"] == 0
     assert {k for row in res.head_kind for k in row} == {"sink"}
-    assert model.config._attn_implementation == "sdpa" and hooks._BINDINGS == []
+    assert model.config._attn_implementation == "sdpa"
+    assert not any(binding.bound_handlers(m) for m in model.modules())
 
 
 def test_probe_metrics_do_not_see_the_future():
@@ -156,7 +156,7 @@ def test_bad_inputs_raise_one_error():
 def test_smollm2_weights_equal_eager_on_short_input(smollm2, monkeypatch):
     from sinklab.corpus import load_text, token_stream
 
-    monkeypatch.setattr(hooks, "CHUNK_BYTES", 9 * 32 * 4 * 8)  # 8 rows a chunk
+    monkeypatch.setattr(chunked, "CHUNK_BYTES", 9 * 32 * 4 * 8)  # 8 rows a chunk
     ids = token_stream(load_text("shakespeare"), smollm2.tokenizer, 32)
     # 30 float32 layers round differently from SDPA's kernel: logits (|x| ~ 20) agree to ~5e-5,
     # as eager attention's own logits do; the weights still agree to 1e-5.

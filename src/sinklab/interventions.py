@@ -3,10 +3,10 @@
 * :func:`first_token` edits the *input ids* (keep / drop / replace the first token) and records
   exactly what it did; it never touches the model.
 * :class:`MaskSink`, :class:`AttentionMix` and :class:`SinkLogit` are
-  :class:`~sinklab.hooks.AttentionHandler` s: they replace each chunk's weights inside sinklab's one
+  :class:`~sinklab.seam.AttentionHandler` s: they replace each chunk's weights inside sinklab's one
   registered attention function, so they compose with the probe and with perplexity evaluation.
   :func:`mask_sink`, :func:`attention_mix` and :func:`sink_logit` are context managers that check
-  the handler against the model and enter :func:`~sinklab.hooks.sinklab_attention`; on exit the
+  the handler against the model and enter :func:`~sinklab.seam.sinklab_attention`; on exit the
   model computes exactly (bitwise) what it computed before.
 * :func:`jacobian_sensitivity` computes ``||d h_L[t] / d x_i||_F`` by autograd on
   ``inputs_embeds``.
@@ -27,7 +27,7 @@ from torch import Tensor, nn
 from sinklab.attention import sink_softmax, softmax
 from sinklab.corpus import resolve_token
 from sinklab.errors import SinklabError
-from sinklab.hooks import AttentionChunk, AttentionHandler, sinklab_attention
+from sinklab.seam import AttentionChunk, AttentionHandler, sinklab_attention
 
 log = logging.getLogger(__name__)
 

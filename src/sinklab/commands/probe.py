@@ -105,11 +105,11 @@ def probe(
     Example: sinklab probe --tokens 1024 --q0 16 --lengths 128,512,2048 --out runs/probe
     """
     from sinklab.corpus import load_text, token_stream
-    from sinklab.hooks import check_supported
     from sinklab.meta import build_meta, write_json_atomic
     from sinklab.models import load_model
     from sinklab.probe import ProbeConfig, check_lengths, probe_lengths
     from sinklab.probe import probe as run_probe
+    from sinklab.seam import check_supported
 
     # cheap checks first, before the model loads
     config = ProbeConfig(q0=q0, eps=parse_eps(eps))

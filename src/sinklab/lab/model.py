@@ -3,7 +3,7 @@
 Read top to bottom: config, RoPE, attention, MLP, block, model, LM head, registration.
 
 * pre-norm (RMSNorm) residual blocks, rotary position embeddings, GELU MLP, untied LM head;
-* attention goes through :func:`sinklab.hooks.sinklab_attention_forward` (the same function sinklab
+* attention goes through :func:`sinklab.seam.sinklab_attention_forward` (the same function sinklab
   registers with transformers' ``AttentionInterface``), so ``sinklab probe`` and every handler see
   lab checkpoints exactly as they see Llama; when ``config._attn_implementation == "sinklab"`` the
   registered entry is looked up by name (it is the same function);
@@ -11,7 +11,7 @@ Read top to bottom: config, RoPE, attention, MLP, block, model, LM head, registr
   per head, an ``nn.Parameter`` named ``sink_logit``); ``gated`` (softmax, then a sigmoid gate per
   head and query computed from the layer input, :func:`sinklab.attention.output_gate`); ``sigmoid``
   (unnormalised ``sigmoid(s + b)`` with the fixed bias ``b = -log(max_position_embeddings)``, added
-  to every score through one extra q/k dimension, since the hooks read no bias).
+  to every score through one extra q/k dimension, since the seam reads no bias).
 
 :func:`register_lab_models` registers model type ``sinklab-tiny`` with ``AutoConfig`` and
 ``AutoModelForCausalLM``; :func:`sinklab.models.load_model` calls it when a folder holds a lab
@@ -33,7 +33,7 @@ from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from sinklab.attention import output_gate
 from sinklab.errors import SinklabError
-from sinklab.hooks import ATTN_NAME, sinklab_attention_forward
+from sinklab.seam import ATTN_NAME, sinklab_attention_forward
 
 MODEL_TYPE = "sinklab-tiny"
 LAB_VARIANTS = ("softmax", "softmax1", "sink", "gated", "sigmoid")
@@ -105,11 +105,11 @@ class LabAttention(nn.Module):
     def __init__(self, config: LabConfig, layer_idx: int) -> None:
         super().__init__()
         self.config = config
-        self.layer_idx = layer_idx  # the hooks and the probe key layers by this
+        self.layer_idx = layer_idx  # the seam and the probe key layers by this
         self.n_heads, self.head_dim = config.num_attention_heads, config.head_dim
         self.scaling = self.head_dim**-0.5
         self.variant = config.attention_variant
-        # the weight function the hooks apply; "gated" is softmax with a gate afterwards
+        # the weight function the seam applies; "gated" is softmax with a gate afterwards
         self.attention_variant = "softmax" if self.variant == "gated" else self.variant
         self.qkv = nn.Linear(config.hidden_size, 3 * config.hidden_size, bias=False)
         self.o_proj = nn.Linear(config.hidden_size, config.hidden_size, bias=False)
@@ -129,7 +129,7 @@ class LabAttention(nn.Module):
         if self.variant == "sigmoid":  # one extra dim adds the bias to every score
             q = torch.cat([q, q.new_full((b, self.n_heads, t, 1), self.sigmoid_bias)], dim=-1)
             k = torch.cat([k, k.new_full((b, self.n_heads, t, 1), 1.0 / self.scaling)], dim=-1)
-            v = F.pad(v, (0, 1))  # (B, H, T, D + 1): the hooks want equal head dims
+            v = F.pad(v, (0, 1))  # (B, H, T, D + 1): the seam wants equal head dims
         attend = sinklab_attention_forward
         if self.config._attn_implementation == ATTN_NAME:
             attend = ALL_ATTENTION_FUNCTIONS.get_interface(ATTN_NAME, sinklab_attention_forward)

@@ -16,8 +16,8 @@ import torch
 from torch import Tensor, nn
 from torch.utils.hooks import RemovableHandle
 
-from sinklab.hooks import AttentionChunk, AttentionHandler
 from sinklab.probe import metrics as M
+from sinklab.seam import AttentionChunk, AttentionHandler
 
 LayerCallback = Callable[[int], None]
 

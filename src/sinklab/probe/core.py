@@ -15,10 +15,10 @@ import torch
 from torch import Tensor, nn
 
 from sinklab.errors import SinklabError
-from sinklab.hooks import check_supported, sinklab_attention
 from sinklab.meta import build_meta
 from sinklab.probe import metrics as M
 from sinklab.probe.capture import HiddenCapture, ProbeCapture, decoder_layers
+from sinklab.seam import check_supported, sinklab_attention
 
 log = logging.getLogger(__name__)
 

@@ -1,11 +1,10 @@
-"""The registered attention function: same outputs as transformers, weights as eager, scoped."""
+"""The attention seam: outputs as transformers, weights as eager, handlers scoped to a model."""
 
 import pytest
 import torch
 
 from conftest import FAMILIES, make_tiny_model
-from sinklab import hooks
-from sinklab.hooks import AttentionHandler, sinklab_attention
+from sinklab.seam import AttentionHandler, binding, chunked, sinklab_attention
 
 
 class Recorder(AttentionHandler):
@@ -35,7 +34,7 @@ def test_weights_equal_eager_and_logits_unchanged(family, monkeypatch):
     with torch.no_grad():
         base = model(ids).logits
     eager = eager_attentions(model, ids)
-    monkeypatch.setattr(hooks, "CHUNK_BYTES", 4 * 4 * 2 * 37 * 5)  # 5 query rows a chunk
+    monkeypatch.setattr(chunked, "CHUNK_BYTES", 4 * 4 * 2 * 37 * 5)  # 5 query rows a chunk
     rec = Recorder()
     with sinklab_attention(model, rec), torch.no_grad():
         probed = model(ids).logits
@@ -73,7 +72,8 @@ def test_handlers_are_scoped_even_on_error():
             raise RuntimeError("boom")
         after = model(ids).logits
     assert torch.equal(before, after)
-    assert hooks._BINDINGS == [] and model.config._attn_implementation == "sdpa"
+    assert not any(binding.bound_handlers(m) for m in model.modules())
+    assert model.config._attn_implementation == "sdpa"
 
 
 def test_handlers_bind_to_their_model_and_layers():
@@ -86,3 +86,34 @@ def test_handlers_bind_to_their_model_and_layers():
         assert rec.rows == {}
         a(ids)
     assert set(rec.rows) == {1}
+
+
+def test_nested_blocks_run_outer_handlers_first_and_unbind_exactly_their_own():
+    model = make_tiny_model("llama")
+    attn = next(m for m in model.modules() if getattr(m, "layer_idx", None) == 0)
+    outer, inner = Recorder(), Zeroer()
+    with sinklab_attention(model, outer):
+        assert binding.bound_handlers(attn) == [outer]
+        with sinklab_attention(model, inner, outer):  # the same handler twice: two bindings
+            assert binding.bound_handlers(attn) == [outer, inner, outer]
+        assert binding.bound_handlers(attn) == [outer]
+    assert binding.bound_handlers(attn) == []
+    rec = Recorder()
+    rec.layers = frozenset({1})
+    with sinklab_attention(model, rec):
+        assert binding.bound_handlers(attn, layer=0) == [] and binding.bound_handlers(attn, 1)
+
+
+def test_bindings_hold_the_model_weakly():
+    """A model dropped inside a block leaves no binding behind (they key the module objects)."""
+    import gc
+
+    before = len(binding._BOUND)
+    model = make_tiny_model("llama")
+    block = sinklab_attention(model, Recorder())
+    block.__enter__()
+    n_modules = len(list(model.modules()))
+    assert len(binding._BOUND) == before + n_modules
+    del model, block
+    gc.collect()
+    assert len(binding._BOUND) == before
