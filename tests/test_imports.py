@@ -21,6 +21,8 @@ CORE = {
     "sinklab",
     "sinklab.__main__",
     "sinklab.errors",
+    "sinklab.offline",
+    "sinklab.arch",
     "sinklab.attention",
     "sinklab.seam",
     "sinklab.rotary",

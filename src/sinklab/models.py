@@ -23,6 +23,7 @@ from typing import Any
 
 import torch
 
+from sinklab.arch import kv_heads
 from sinklab.errors import SinklabError
 from sinklab.rotary import position_scheme, text_config
 
@@ -109,7 +110,7 @@ def describe(model: Any, name: str, source: str, weights_sha256: str | None) -> 
         model_type=str(cfg.model_type),
         n_layers=int(cfg.num_hidden_layers),
         n_heads=n_heads,
-        n_kv_heads=int(getattr(cfg, "num_key_value_heads", None) or n_heads),
+        n_kv_heads=kv_heads(cfg),
         head_dim=head_dim,
         hidden_size=hidden,
         vocab_size=int(cfg.vocab_size),
@@ -122,7 +123,7 @@ def describe(model: Any, name: str, source: str, weights_sha256: str | None) -> 
     )
 
 
-def _check_causal_lm(config: Any, spec: str) -> None:
+def _check_causal_lm(config: Any, spec: str, embedded: bool = False) -> None:
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
     archs = getattr(config, "architectures", None) or []
@@ -130,6 +131,11 @@ def _check_causal_lm(config: Any, spec: str) -> None:
         raise SinklabError(
             f"model {spec!r} is a {config.model_type!r} model, not a causal language model; "
             "pass a decoder-only LM (e.g. Llama, Mistral, Qwen2, GPT-2)"
+        )
+    if not archs and not embedded:  # the embedded GGUF's config names none: we know what it is
+        raise SinklabError(
+            f"the config of {spec!r} names no architecture, so nothing says its weights are a "
+            'causal-LM head; add e.g. "architectures": ["LlamaForCausalLM"] to config.json'
         )
     causal = any(a.endswith(("ForCausalLM", "LMHeadModel")) for a in archs)
     if archs and not causal:
@@ -153,30 +159,155 @@ def _register_sinklab_types(folder: str) -> None:
         register_lab_models()
 
 
-def _load_folder(folder: str, *, dtype: torch.dtype, trust_remote_code: bool, local_only: bool):
+_PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
+
+
+def _check_safetensors(path: Path) -> None:
+    """A safetensors file whose header parses and whose tensors fit in the file, or a one-line
+    SinklabError (truncated or garbage weights fail here, not deep inside the loader)."""
+    size = path.stat().st_size
+    bad = f"weights file {str(path)!r} is not a valid safetensors file"
+    try:
+        with open(path, "rb") as f:
+            head = f.read(8)
+            n = int.from_bytes(head, "little") if len(head) == 8 else -1
+            if n < 2 or n > size - 8:
+                raise SinklabError(f"{bad} (truncated or garbage: header of {n} bytes)")
+            header = json.loads(f.read(n))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
+        raise SinklabError(f"{bad} ({type(exc).__name__})") from None
+    if not isinstance(header, dict):
+        raise SinklabError(f"{bad} (its header is not a table of tensors)")
+    ends = [
+        v["data_offsets"][1]
+        for k, v in header.items()
+        if k != "__metadata__" and isinstance(v, dict) and len(v.get("data_offsets", ())) == 2
+    ]
+    if len(ends) != len([k for k in header if k != "__metadata__"]):
+        raise SinklabError(f"{bad} (a tensor entry has no data offsets)")
+    if ends and max(ends) > size - 8 - n:
+        raise SinklabError(
+            f"weights file {str(path)!r} is truncated: its tensors need {max(ends)} bytes, "
+            f"the file holds {size - 8 - n}"
+        )
+
+
+def _check_weight_files(folder: Path, spec: str) -> None:
+    """Safetensors only: refuse a folder whose weights are pickles (never unpickled) or absent,
+    and check every safetensors file's header against its size."""
+    files = sorted(folder.glob("*.safetensors"))
+    if not files:
+        pickles = sorted(p.name for p in folder.iterdir() if p.suffix in _PICKLE_SUFFIXES)
+        if pickles:
+            raise SinklabError(
+                f"model {spec!r} has only pickle weights ({', '.join(pickles[:3])}), which "
+                "sinklab never loads (unpickling runs code); convert them once where you trust "
+                'the file: `python -c "from transformers import AutoModelForCausalLM as M; '
+                f"M.from_pretrained('{folder}').save_pretrained('{folder}-st')\"` and pass the new "
+                "folder"
+            )
+        raise SinklabError(
+            f"model {spec!r} has a config but no weights (no *.safetensors file in {str(folder)!r})"
+        )
+    for path in files:
+        _check_safetensors(path)
+
+
+def _cached_snapshot(spec: str) -> Path | None:
+    """The local snapshot folder of a Hugging Face id, from the cache only (no network)."""
+    from huggingface_hub import try_to_load_from_cache
+
+    try:
+        found = try_to_load_from_cache(spec, "config.json")
+    except Exception:  # a malformed id: the config read below gives the one-line error
+        return None
+    return Path(found).parent if isinstance(found, str) else None
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+def _loading_mismatch(spec: str, report: dict[str, Any]) -> None:
+    """Refuse a checkpoint that leaves weights missing (randomly initialised) or unused."""
+    parts = []
+    for key, what in (
+        ("missing_keys", "missing (would be random)"),
+        ("unexpected_keys", "unexpected (unused)"),
+        ("mismatched_keys", "of the wrong shape"),
+    ):
+        names = sorted(str(k[0] if isinstance(k, tuple) else k) for k in report.get(key) or ())
+        if names:
+            shown = ", ".join(names[:3]) + (", ..." if len(names) > 3 else "")
+            parts.append(f"{len(names)} weights {what}: {shown}")
+    if parts:
+        raise SinklabError(
+            f"the weights of {spec!r} do not fit its config ({'; '.join(parts)}); "
+            "pass the folder the weights were saved with"
+        )
+
+
+def _model_class(config: Any) -> type | None:
+    from transformers import AutoModelForCausalLM
+    from transformers.models.auto.auto_factory import _get_model_class
+
+    try:
+        return _get_model_class(config, AutoModelForCausalLM._model_mapping)
+    except (KeyError, ValueError):  # custom code: transformers chooses
+        return None
+
+
+def _load_folder(
+    folder: str,
+    *,
+    dtype: torch.dtype,
+    trust_remote_code: bool,
+    local_only: bool,
+    embedded: bool = False,
+):
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
+    from sinklab.arch import attn_implementation
+    from sinklab.offline import enforce_offline
+
+    enforce_offline()
     _register_sinklab_types(folder)
     try:
         config = AutoConfig.from_pretrained(
             folder, trust_remote_code=trust_remote_code, local_files_only=local_only
         )
     except (OSError, ValueError) as exc:
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        first = _first_line(exc)
         if "trust_remote_code" in str(exc):
             raise SinklabError(
                 f"model {folder!r} needs custom code; "
                 "rerun with --trust-remote-code if you trust it"
             ) from exc
         raise SinklabError(f"cannot read a model config from {folder!r}: {first}") from exc
-    _check_causal_lm(config, folder)
-    model = AutoModelForCausalLM.from_pretrained(
-        folder,
-        dtype=dtype,
-        trust_remote_code=trust_remote_code,
-        local_files_only=local_only,
-        attn_implementation="sdpa",
-    )
+    _check_causal_lm(config, folder, embedded)
+    local = Path(folder) if Path(folder).is_dir() else _cached_snapshot(folder)
+    if local is not None:
+        _check_weight_files(local, folder)
+    cls = _model_class(config)
+    impl = attn_implementation(cls) if cls is not None else None
+    try:
+        model, report = AutoModelForCausalLM.from_pretrained(
+            folder,
+            dtype=dtype,
+            trust_remote_code=trust_remote_code,
+            local_files_only=local_only,
+            attn_implementation=impl,
+            use_safetensors=True,
+            output_loading_info=True,
+        )
+    except SinklabError:
+        raise
+    except Exception as exc:  # a broken checkpoint: the loader's own words, on one line
+        raise SinklabError(
+            f"cannot load the weights of {folder!r}: {type(exc).__name__}: {_first_line(exc)}"
+        ) from exc
+    _loading_mismatch(folder, report)
     try:
         tokenizer = AutoTokenizer.from_pretrained(
             folder, trust_remote_code=trust_remote_code, local_files_only=local_only
@@ -190,7 +321,7 @@ def _load_folder(folder: str, *, dtype: torch.dtype, trust_remote_code: bool, lo
 
 
 def _weights_sha256(folder: Path) -> str | None:
-    files = sorted(folder.glob("*.safetensors")) or sorted(folder.glob("*.bin"))
+    files = sorted(folder.glob("*.safetensors"))
     if not files:
         return None
     if len(files) == 1:
@@ -243,8 +374,10 @@ def load_model(
 ) -> LoadedModel:
     """Load ``spec`` (None / "smollm2-135m" = the embedded default, a local folder, or a cached id).
 
-    The model comes back in eval mode with SDPA attention. Raises :class:`SinklabError` for a
-    missing path, an id not in the local cache, or a model that is not a causal LM.
+    The model comes back in eval mode, with SDPA attention where the model supports it (else
+    sinklab's registered attention, else eager: :func:`sinklab.arch.attn_implementation`).
+    Raises :class:`SinklabError` for a missing path, an id not in the local cache, a model that
+    is not a causal LM, pickle-only, broken or missing weights, or weights that do not fit.
     """
     from transformers.utils import logging as hf_logging
 
@@ -255,7 +388,7 @@ def load_model(
         gguf_sha = file_sha256(gguf)
         folder = _smollm2_cached_folder(gguf, gguf_sha)
         model, tokenizer = _load_folder(
-            str(folder), dtype=dtype, trust_remote_code=False, local_only=True
+            str(folder), dtype=dtype, trust_remote_code=False, local_only=True, embedded=True
         )
         info = describe(model, name, str(gguf), gguf_sha)
     else:

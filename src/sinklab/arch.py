@@ -1,0 +1,101 @@
+"""Architecture facts a config or a model class states, read one way for every command.
+
+Pure functions of a transformers config or model (no weights are touched): which attention
+implementation a model can be loaded with, whether its attention goes through transformers'
+``AttentionInterface`` (the seam sinklab hooks), how many KV heads it has, and what each layer
+does with positions (RoPE, no positions at all, a sliding window of its own).
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import sys
+from dataclasses import dataclass
+from typing import Any
+
+#: implementations sinklab loads a model with, best first
+SDPA, SINKLAB, EAGER = "sdpa", "sinklab", "eager"
+
+
+def decoder_config(config: Any) -> Any:
+    """The decoder's config of a config (multimodal wrappers keep it inside)."""
+    return config.get_text_config() if hasattr(config, "get_text_config") else config
+
+
+@functools.lru_cache(maxsize=64)
+def _module_dispatches(module_name: str) -> bool:
+    """Whether a modeling module looks its attention up in ``ALL_ATTENTION_FUNCTIONS``."""
+    module = sys.modules.get(module_name)
+    if module is None:
+        return False
+    try:
+        return "ALL_ATTENTION_FUNCTIONS" in inspect.getsource(module)
+    except (OSError, TypeError):  # no source (frozen, compiled): trust the class flag only
+        return False
+
+
+def dispatches_attention(model_class: type) -> bool:
+    """True when the class's attention goes through transformers' ``AttentionInterface``: the
+    class says so (``_supports_attention_backend``) or its modeling code dispatches through
+    ``ALL_ATTENTION_FUNCTIONS`` without saying so (StableLM)."""
+    if getattr(model_class, "_supports_attention_backend", False):
+        return True
+    return _module_dispatches(model_class.__module__)
+
+
+def attn_implementation(model_class: type) -> str:
+    """The attention implementation to load ``model_class`` with: SDPA where the class supports
+    it; else sinklab's registered function where attention goes through the interface (Gemma 2
+    and gpt-oss: soft-capping and learned sinks, which SDPA lacks); else eager (BLOOM, MPT)."""
+    if getattr(model_class, "_supports_sdpa", False):
+        return SDPA
+    if dispatches_attention(model_class):
+        from sinklab.seam import register
+
+        register()
+        return SINKLAB
+    return EAGER
+
+
+def kv_heads(config: Any) -> int:
+    """Key/value heads per layer, from any of the names configs use (Falcon: ``num_kv_heads``,
+    or 1 for its multi-query layout)."""
+    cfg = decoder_config(config)
+    n_heads = int(cfg.num_attention_heads)
+    if cfg.model_type == "falcon":
+        if getattr(cfg, "new_decoder_architecture", False):
+            return int(cfg.num_kv_heads or n_heads)
+        return 1 if getattr(cfg, "multi_query", False) else n_heads
+    for name in ("num_key_value_heads", "num_kv_heads", "n_head_kv"):
+        if value := getattr(cfg, name, None):
+            return int(value)
+    return n_heads
+
+
+@dataclass(frozen=True)
+class LayerKind:
+    """What one layer does with positions: ``rotary`` (RoPE on its keys; False for NoPE layers)
+    and ``window`` (the model's own sliding window in tokens, None for global attention)."""
+
+    rotary: bool
+    window: int | None
+
+
+def layer_kinds(config: Any) -> list[LayerKind]:
+    """Per layer: RoPE or not (SmolLM3's ``no_rope_layers``: 1 = RoPE), and its own sliding
+    window (``layer_types``; a ``sliding_window`` with no ``layer_types`` applies to every
+    layer, as Mistral, Phi-3 and Starcoder2 do)."""
+    cfg = decoder_config(config)
+    n = int(cfg.num_hidden_layers)
+    rope_flags = getattr(cfg, "no_rope_layers", None)
+    rotary = [bool(x) for x in rope_flags] if rope_flags is not None else [True] * n
+    window = getattr(cfg, "sliding_window", None)
+    if getattr(cfg, "use_sliding_window", True) is False:
+        window = None
+    types = getattr(cfg, "layer_types", None)
+    if types is not None:
+        windows = [window if t == "sliding_attention" else None for t in types]
+    else:
+        windows = [window] * n
+    return [LayerKind(r, w) for r, w in zip(rotary, windows, strict=True)]
