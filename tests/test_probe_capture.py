@@ -87,6 +87,39 @@ def test_weights_equal_eager_logits_unchanged_metrics_pinned(family, small_chunk
     assert set(res.to_json()) >= {"meta", "sink_mass", "head_kind", "sink_rate", "sink_positions"}
 
 
+class FullRecorder(AttentionHandler):
+    """Records each layer's full weights, values and outputs (no trim: chunks see all keys)."""
+
+    def __init__(self) -> None:
+        self.w: dict[int, list[torch.Tensor]] = {}
+        self.o: dict[int, list[torch.Tensor]] = {}
+        self.v: dict[int, torch.Tensor] = {}
+
+    def observe(self, chunk) -> None:
+        self.w.setdefault(chunk.layer, []).append(chunk.weights.clone())
+        self.o.setdefault(chunk.layer, []).append(chunk.output.clone())
+        self.v[chunk.layer] = chunk.value.clone()
+
+
+@pytest.mark.parametrize("q0", [0, 5])
+def test_value_and_output_metrics_pinned_under_small_trimmed_chunks(q0, small_chunks):
+    """value_norm_ratio uses every key's value, not only the first chunk's (trimmed) keys, and the
+    output share matches the whole-matrix formula, however the rows are chunked."""
+    model = make_tiny_model("qwen2")
+    ids = torch.randint(3, 500, (1, 40), generator=torch.Generator().manual_seed(4))
+    rec = FullRecorder()
+    with sinklab_attention(model, rec), torch.no_grad():
+        model(ids)
+    res = probe(model, ids, ProbeConfig(q0=q0))
+    assert len(rec.w[0]) > 1  # really chunked
+    for layer in range(res.n_layers):
+        w, o, v = torch.cat(rec.w[layer], 2), torch.cat(rec.o[layer], 2), rec.v[layer]
+        vnr = M.value_norm_ratio(v)[0]
+        torch.testing.assert_close(res.value_norm_ratio[layer], vnr, atol=1e-5, rtol=1e-5)
+        share = M.sink_output_share(w, v, q0=q0, output=o)[0]
+        torch.testing.assert_close(res.sink_output_share[layer], share, atol=1e-5, rtol=1e-5)
+
+
 def test_probe_sees_interventions():
     """Inside an outer sinklab_attention block the probe measures the changed weights."""
 

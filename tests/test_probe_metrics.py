@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sinklab.errors import SinklabError
-from sinklab.probe import ProbeConfig
+from sinklab.probe import ProbeConfig, spec
 from sinklab.probe import metrics as M
 
 T = 12
@@ -201,6 +201,44 @@ def test_chunked_equals_unchunked(cuts, q0, trim):
         torch.testing.assert_close(got["p"].float(), M.prev_token_mass(w, q0=q0))
     torch.testing.assert_close(got["e"].float(), M.mean_entropy(w, q0=q0))
     torch.testing.assert_close(rec.float(), M.received_attention(w, q0=q0))
+
+
+def blocks(w, v, cuts, q0, trim):
+    """The probe's view of a chunked forward: one spec.Block per row block (keys trimmed or not)."""
+    t = w.shape[-1]
+    out = w @ v
+    for a, b in itertools.pairwise([0, *cuts, t]):
+        kend = b if trim else t
+        yield spec.Block(w[..., a:b, :kend], v[..., :kend, :], out[..., a:b, :], a, a == 0, q0, 0)
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    cuts=st.lists(st.integers(1, T - 1), max_size=4, unique=True).map(sorted),
+    q0=st.integers(0, T - 1),
+    trim=st.booleans(),
+)
+def test_declared_accumulators_chunked_equal_unchunked(cuts, q0, trim):
+    """Every attention metric of spec.METRICS, accumulated over row blocks, equals the metric
+    function on the whole matrix."""
+    w = causal_random(1, 2, T, seed=5)
+    v = torch.randn(1, 2, T, 3, generator=torch.Generator().manual_seed(6), dtype=torch.float64)
+    acc = spec.Accumulator()
+    for block in blocks(w, v, cuts, q0, trim):
+        acc.add(block)
+    got = acc.result()
+    assert set(got) == set(spec.names("attention"))
+    whole = {
+        "sink_mass": M.sink_mass(w, q0=q0),
+        "diagonal_mass": M.diagonal_mass(w, q0=q0),
+        "prev_token_mass": M.prev_token_mass(w, q0=q0),
+        "entropy": M.mean_entropy(w, q0=q0),
+        "value_norm_ratio": M.value_norm_ratio(v),
+        "sink_output_share": M.sink_output_share(w, v, q0=q0),
+        "received": M.received_attention(w, q0=q0),
+    }
+    for name, ref in whole.items():
+        torch.testing.assert_close(got[name], ref[0], equal_nan=True, msg=name)
 
 
 def test_metrics_are_causal():

@@ -33,8 +33,8 @@ from sinklab.interventions import (
 )
 from sinklab.meta import build_meta
 from sinklab.probe import ProbeConfig, ProbeResult, probe
-from sinklab.probe.core import eps_key
 from sinklab.probe.metrics import HEAD_KINDS
+from sinklab.probe.spec import eps_key
 
 log = logging.getLogger(__name__)
 

@@ -16,24 +16,15 @@ from torch import Tensor, nn
 
 from sinklab.errors import SinklabError
 from sinklab.meta import build_meta
-from sinklab.probe import metrics as M
 from sinklab.probe.capture import HiddenCapture, ProbeCapture, decoder_layers
+from sinklab.probe.spec import BY_NAME, names
+from sinklab.rotary import text_config
 from sinklab.seam import check_supported, sinklab_attention
 
 log = logging.getLogger(__name__)
 
 #: callback(done, total): layers finished so far (over all runs of a call) and the total
 ProgressCallback = Callable[[int, int], None]
-
-HEAD_KEYS = (
-    "sink_mass",
-    "diagonal_mass",
-    "prev_token_mass",
-    "entropy",
-    "value_norm_ratio",
-    "sink_output_share",
-)
-LAYER_KEYS = ("first_token_cosine", "token_similarity", "first_token_norm_ratio")
 
 
 @dataclass(frozen=True)
@@ -66,14 +57,13 @@ class ProbeConfig:
             raise SinklabError(f"max_sink_positions must be >= 1, got {self.max_sink_positions}")
 
 
-def eps_key(eps: float) -> str:
-    """The JSON key of a threshold: 0.3 -> "0.3"."""
-    return f"{eps:g}"
-
-
 @dataclass
 class ProbeResult:
-    """Per (layer, head) tensors (L, H), per layer lists (L), and summaries; see SCIENCE.md §5."""
+    """Per (layer, head) tensors (L, H), per layer lists (L), and summaries.
+
+    The metric fields are :data:`sinklab.probe.spec.METRICS`, in that order (a test checks it);
+    definitions in ``docs/metrics.md#probe-metrics``.
+    """
 
     config: ProbeConfig
     n_tokens: int
@@ -83,13 +73,13 @@ class ProbeResult:
     entropy: Tensor  # nats
     value_norm_ratio: Tensor
     sink_output_share: Tensor
+    received: Tensor  # (L, H, T): mean attention each key receives (not in probe.json)
     head_kind: list[list[str]]
     first_token_cosine: list[float]
     token_similarity: list[float]
     first_token_norm_ratio: list[float]
     sink_rate: dict[str, float]
     sink_positions: list[dict[str, float | int]]
-    received: Tensor  # (L, H, T): mean attention each key receives (not in probe.json)
     meta: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -101,15 +91,12 @@ class ProbeResult:
         return int(self.sink_mass.shape[1])
 
     def to_json(self) -> dict[str, Any]:
-        """``meta`` and the issue's keys, indexed [layer][head] or [layer]; NaN stays NaN."""
+        """``meta`` and every declared metric written to ``probe.json``
+        (:func:`sinklab.probe.spec.names`), indexed [layer][head] or [layer]; NaN stays NaN."""
         data: dict[str, Any] = {"meta": self.meta}
-        for key in HEAD_KEYS:
-            data[key] = getattr(self, key).tolist()
-        data["head_kind"] = self.head_kind
-        for key in LAYER_KEYS:
-            data[key] = list(getattr(self, key))
-        data["sink_rate"] = dict(self.sink_rate)
-        data["sink_positions"] = list(self.sink_positions)
+        for key in names(in_json=True):
+            value = getattr(self, key)
+            data[key] = value.tolist() if isinstance(value, Tensor) else type(value)(value)
         return data
 
 
@@ -151,8 +138,7 @@ def probe(
             f"q0 = {config.q0} leaves no query among {n_tokens} tokens; use q0 < {n_tokens}"
         )
     check_supported(model)
-    cfg = model.config.get_text_config() if hasattr(model.config, "get_text_config") else None
-    cfg = cfg or model.config
+    cfg = text_config(model)
     n_layers, n_heads = int(cfg.num_hidden_layers), int(cfg.num_attention_heads)
     blocks = decoder_layers(model, n_layers)
     done: set[int] = set()
@@ -180,23 +166,14 @@ def probe(
             "attention does (Llama, Mistral, Qwen2, Gemma, GPT-2, ...)"
         )
     per_layer = [capture.layer_metrics(layer) for layer in range(n_layers)]
-    heads = {k: torch.stack([p[k] for p in per_layer]) for k in (*HEAD_KEYS, "received")}
-    kinds = M.head_kind(
-        heads["sink_mass"], heads["diagonal_mass"], heads["prev_token_mass"], config.kind_floor
-    )
+    values: dict[str, Any] = {k: torch.stack([p[k] for p in per_layer]) for k in per_layer[0]}
+    values |= {k: _layer_list(v, n_layers) for k, v in hidden.values.items()}
+    for name in names("derived"):  # in declaration order: a derived metric may use an earlier one
+        values[name] = BY_NAME[name].derive(values, config)
     result = ProbeResult(
         config=config,
         n_tokens=n_tokens,
-        **{k: heads[k] for k in HEAD_KEYS},
-        head_kind=kinds,
-        first_token_cosine=_layer_list(hidden.first_token_cosine, n_layers),
-        token_similarity=_layer_list(hidden.token_similarity, n_layers),
-        first_token_norm_ratio=_layer_list(hidden.first_token_norm_ratio, n_layers),
-        sink_rate={eps_key(e): M.sink_rate(heads["sink_mass"], e) for e in config.eps},
-        sink_positions=M.sink_positions(
-            heads["received"], config.q0, config.sink_factor, config.max_sink_positions
-        ),
-        received=heads["received"],
+        **values,
         meta=build_meta(n_tokens=n_tokens, params=config, seconds=seconds),
     )
     log.info("probe: %d tokens, %d layers x %d heads, %.1fs", n_tokens, n_layers, n_heads, seconds)

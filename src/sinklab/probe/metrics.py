@@ -1,4 +1,4 @@
-"""The sink metrics of SCIENCE.md §5 as pure tensor functions.
+"""The probe's sink metrics (``docs/metrics.md#probe-metrics``) as pure tensor functions.
 
 Attention weights are ``(B, H, Tq, Tk)``: query row ``i`` sits at key position ``q_offset + i``
 (``q_offset = 0`` for a full causal forward; a chunk of rows starting at row ``s`` of the full
@@ -98,7 +98,24 @@ def sink_output_partial(
     return part, total
 
 
-def _ratio(total: Tensor, count: int | Tensor) -> Tensor:
+def value_norm_partial(
+    value: Tensor, key: int = 0, start: int = 0, end: int | None = None
+) -> tuple[Tensor, Tensor, int]:
+    """Over the keys ``start <= j < end``: ``||v_key||`` if key is among them (else 0), the sum
+    of ``||v_j||`` over the others, and how many others: ``((B, H), (B, H), count)``.
+
+    ``value`` (B, H, Tk, D). Summing over disjoint key ranges covering every key gives
+    :func:`value_norm_ratio` as ``key_norm / (others / count)``.
+    """
+    end = value.shape[-2] if end is None else min(end, value.shape[-2])
+    norms = torch.linalg.vector_norm(value[..., start:end, :].double(), dim=-1)  # (B, H, n)
+    has_key = start <= key < end
+    key_norm = norms[..., key - start] if has_key else norms.new_zeros(norms.shape[:-1])
+    return key_norm, norms.sum(-1) - key_norm, norms.shape[-1] - int(has_key)
+
+
+def ratio(total: Tensor, count: int | Tensor) -> Tensor:
+    """``total / count`` as float32, NaN where the count is 0."""
     if isinstance(count, int):
         return (total / count).float() if count else torch.full_like(total, float("nan")).float()
     return (total / count.clamp_min(1)).masked_fill(count == 0, float("nan")).float()
@@ -110,27 +127,27 @@ def sink_mass(weights: Tensor, key: int = 0, q0: int = 0, q_offset: int = 0) -> 
 
     NaN where no query qualifies. With ``key = 0, q0 = 0`` this is Gu et al.'s alpha.
     """
-    return _ratio(*sink_mass_partial(weights, key, q0, q_offset))
+    return ratio(*sink_mass_partial(weights, key, q0, q_offset))
 
 
 def received_attention(weights: Tensor, q0: int = 0, q_offset: int = 0) -> Tensor:
     """Mean attention each key receives over the queries t >= q0 that can see it: -> (B, H, Tk)."""
-    return _ratio(*received_partial(weights, q0, q_offset))
+    return ratio(*received_partial(weights, q0, q_offset))
 
 
 def diagonal_mass(weights: Tensor, q0: int = 0, q_offset: int = 0) -> Tensor:
     """Mean over queries t >= q0 of ``A[t, t]`` (attention to itself): -> (B, H)."""
-    return _ratio(*diagonal_partial(weights, q0, q_offset))
+    return ratio(*diagonal_partial(weights, q0, q_offset))
 
 
 def prev_token_mass(weights: Tensor, q0: int = 0, q_offset: int = 0) -> Tensor:
     """Mean over queries t >= max(1, q0) of ``A[t, t - 1]``: -> (B, H)."""
-    return _ratio(*prev_token_partial(weights, q0, q_offset))
+    return ratio(*prev_token_partial(weights, q0, q_offset))
 
 
 def mean_entropy(weights: Tensor, q0: int = 0, q_offset: int = 0) -> Tensor:
     """Mean over queries t >= q0 of the entropy of row t, in nats: -> (B, H)."""
-    return _ratio(*entropy_partial(weights, q0, q_offset))
+    return ratio(*entropy_partial(weights, q0, q_offset))
 
 
 def value_norm_ratio(value: Tensor, key: int = 0) -> Tensor:
