@@ -6,10 +6,16 @@ the traceback.
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import logging
 import os
+import signal
 import sys
+from collections.abc import Callable
+from typing import Any
 
+import click
 import typer
 
 from sinklab.errors import SinklabError
@@ -38,32 +44,85 @@ def _root() -> None:
 
 
 def _register_commands() -> None:
-    from sinklab.commands import info
+    from sinklab.commands import ablate, cost, generate, info, probe, report, stream, train
 
-    # Each command module exposes register(app); keep one line per command here.
-    for module in (info,):
+    for module in (info, probe, stream, generate, ablate, report, cost, train):
         module.register(app)
-    # --- command registrations below (one import + register per command) ---
-    from sinklab.commands import cost, train
+    for command in app.registered_commands:
+        command.callback = _guard_stdout(command.callback)
 
-    cost.register(app)
-    train.register(app)
-    from sinklab.commands import report
 
-    report.register(app)
-    from sinklab.commands import probe as probe_command
+class _StdoutClosed(Exception):
+    """The reader of stdout went away (``| head``): typer would exit 1 without a word."""
 
-    probe_command.register(app)
-    from sinklab.commands import ablate
 
-    ablate.register(app)
-    from sinklab.commands import generate, stream
+def _guard_stdout(fn: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(fn)
+    def command(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except BrokenPipeError:
+            raise _StdoutClosed from None
 
-    generate.register(app)
-    stream.register(app)
+    return command
 
 
 _register_commands()
+
+
+class _Interrupted(Exception):
+    """Ctrl-C or SIGTERM reached :func:`main` (typer turns a bare KeyboardInterrupt into a silent
+    exit 130, so the signal handlers record that it happened)."""
+
+
+def _signals() -> tuple[list[int], dict[int, object]]:
+    """Make SIGINT and SIGTERM raise KeyboardInterrupt (so every output folder under construction
+    is removed and ``--out`` stays as it was) and remember that one arrived."""
+    caught: list[int] = []
+
+    def handler(signum: int, frame: object) -> None:
+        caught.append(signum)
+        raise KeyboardInterrupt
+
+    previous = {}
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        with contextlib.suppress(ValueError):  # not the main thread: leave them be
+            previous[sig] = signal.signal(sig, handler)
+    return caught, previous
+
+
+def _say(message: str) -> None:
+    if sys.stderr is not None:
+        print(f"sinklab: {message}", file=sys.stderr)
+
+
+def _silence_stdout() -> None:
+    """After a broken pipe: point fd 1 at /dev/null so the exit-time flush raises nothing."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError, AttributeError):
+        pass
+
+
+def _usage_line(exc: click.UsageError) -> str:
+    """A usage error as one line: the message and where to read the options."""
+    message = " ".join(exc.format_message().split())
+    ctx = exc.ctx
+    where = f"'{ctx.command_path} --help'" if ctx is not None else "'sinklab --help'"
+    return f"{message} (see {where})"
+
+
+def _run(argv: list[str] | None) -> int:
+    try:
+        code = app(args=argv, prog_name="sinklab", standalone_mode=False)
+    except click.exceptions.NoArgsIsHelpError:
+        return _run(["--help"])
+    except click.UsageError as exc:
+        raise SinklabError(_usage_line(exc)) from None
+    except click.exceptions.Abort:  # EOF on a prompt
+        raise KeyboardInterrupt from None
+    return code if isinstance(code, int) else 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -73,29 +132,44 @@ def main(argv: list[str] | None = None) -> int:
     if not debug:
         os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
         os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    if sys.stdout is None:  # started with stdout closed (`>&-`)
+        _say(
+            "error: standard output is closed; sinklab prints its results there: "
+            "redirect it to a file or /dev/null instead"
+        )
+        return 2
+    caught, previous = _signals()
     try:
-        app(args=argv, prog_name="sinklab")  # standalone: usage errors exit 2 via SystemExit
+        code = _run(argv)
+        if code == 130 and caught:
+            raise KeyboardInterrupt
+        return code
     except SystemExit as exc:
         return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
     except SinklabError as exc:
         if debug:
             raise
-        print(f"sinklab: error: {exc}", file=sys.stderr)
+        _say(f"error: {exc}")
         return 2
     except KeyboardInterrupt:
-        print("sinklab: interrupted", file=sys.stderr)
+        _say("interrupted; nothing was half-written (any --out folder is as it was)")
         return 130
+    except (BrokenPipeError, _StdoutClosed):
+        _silence_stdout()
+        _say("error: standard output was closed before sinklab finished writing (e.g. by head)")
+        return 2
     except Exception as exc:
         if debug:
             raise
         msg = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-        print(
-            f"sinklab: internal error: {type(exc).__name__}: {msg} "
-            "(set SINKLAB_DEBUG=1 for the traceback, and please report it)",
-            file=sys.stderr,
+        _say(
+            f"internal error: {type(exc).__name__}: {msg} "
+            "(set SINKLAB_DEBUG=1 for the traceback, and please report it)"
         )
         return 1
-    return 0
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 if __name__ == "__main__":

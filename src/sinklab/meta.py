@@ -59,10 +59,14 @@ def build_meta(
 
 
 def write_json_atomic(path: Path, data: Any) -> Path:
-    """Write JSON via a temporary file and rename, so a crash never leaves half a file."""
+    """Write JSON via a temporary file and rename, so a crash never leaves half a file.
+
+    The file follows the user's umask like any other (``mkstemp`` alone would make it 0600).
+    """
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
     try:
+        os.fchmod(fd, 0o666 & ~_umask())
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             json.dump(data, f, indent=1, allow_nan=True, default=_default)
             f.write("\n")
@@ -71,6 +75,12 @@ def write_json_atomic(path: Path, data: Any) -> Path:
         Path(tmp).unlink(missing_ok=True)
         raise
     return path
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
 
 
 def _default(obj: Any) -> Any:

@@ -10,13 +10,15 @@ line, before any work starts.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 from sinklab.errors import SinklabError
 
@@ -34,32 +36,51 @@ def marker_command(path: Path) -> str | None:
 
 
 def check_out(out: Path, command: str) -> Path:
-    """Resolve ``out`` and refuse it unless it is absent, empty or a previous ``command`` output."""
-    out = Path(out).expanduser()
+    """Resolve ``out`` and refuse it unless it is absent, empty or a previous ``command`` output
+    in a place sinklab can write to (so a bad ``--out`` fails before any work starts)."""
     try:
-        out = out.resolve()
-    except (OSError, RuntimeError) as err:
-        raise SinklabError(f"--out {str(out)!r} cannot be resolved ({err})") from None
+        return _check_out(Path(out), command)
+    except (OSError, RuntimeError) as err:  # a name too long, ~nosuchuser, a loop of links
+        reason = err.strerror if isinstance(err, OSError) and err.strerror else str(err)
+        raise SinklabError(f"--out {_show(out)}: cannot be used ({reason})") from None
+
+
+def _show(out: Path | str) -> str:
+    text = str(out)
+    return repr(text if len(text) <= 80 else text[:60] + "..." + text[-12:])
+
+
+def _check_out(out: Path, command: str) -> Path:
+    out = out.expanduser().resolve()
     if out.exists() and not out.is_dir():
         raise SinklabError(
-            f"--out {str(out)!r} is a file; pass a folder (new, empty or a previous "
+            f"--out {_show(out)} is a file; pass a folder (new, empty or a previous "
             f"'sinklab {command}' output)"
         )
     if out.is_dir() and any(out.iterdir()):
         found = marker_command(out)
         if found is None:
             raise SinklabError(
-                f"--out {str(out)!r} holds files sinklab did not write (no {MARKER}); "
+                f"--out {_show(out)} holds files sinklab did not write (no {MARKER}); "
                 "pass a new or empty folder so nothing of yours is replaced"
             )
         if found != command:
             raise SinklabError(
-                f"--out {str(out)!r} holds a 'sinklab {found}' output, not 'sinklab {command}'; "
+                f"--out {_show(out)} holds a 'sinklab {found}' output, not 'sinklab {command}'; "
                 "pass another folder"
             )
-    parent = out.parent
-    if parent.exists() and not parent.is_dir():
-        raise SinklabError(f"--out {str(out)!r}: {str(parent)!r} is a file, not a folder")
+    base = out.parent
+    while not base.exists():
+        base = base.parent
+    if not base.is_dir():
+        raise SinklabError(f"--out {_show(out)}: {_show(base)} is a file, not a folder")
+    try:  # the results are built beside --out: can sinklab create a folder there?
+        os.rmdir(tempfile.mkdtemp(prefix=".sinklab-probe-", dir=base))
+    except OSError as err:
+        raise SinklabError(
+            f"--out {_show(out)}: cannot write in {_show(base)} ({err.strerror}); "
+            "pass a folder you can write to"
+        ) from None
     return out
 
 
@@ -131,3 +152,50 @@ def output_dir(out: Path, command: str) -> Iterator[Path]:
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+
+
+# errno values that mean "this place cannot take the files" (a user's disk, not a sinklab bug)
+_PLACE_ERRORS = {errno.ENOSPC, errno.EDQUOT, errno.EACCES, errno.EPERM, errno.EROFS}
+
+
+def write_results(
+    out: Path,
+    command: str,
+    results: Mapping[str, Any],
+    figures: Callable[[Path], Iterable[Path]] | None = None,
+) -> list[Path]:
+    """The one writer of a command's results and figures: every ``NAME.json`` in ``results`` and
+    the figures ``figures(folder)`` draws go into a temporary folder that replaces ``out`` whole.
+
+    A figure that cannot be drawn fails the whole output (``out`` stays as it was). Returns the
+    paths written, as they are under ``out``.
+    """
+    from sinklab.meta import write_json_atomic
+
+    written: list[Path] = []
+    try:
+        with output_dir(out, command) as tmp:
+            for name, data in results.items():
+                written.append(write_json_atomic(tmp / name, data))
+            written += [Path(p) for p in (figures(tmp) if figures is not None else ())]
+    except OSError as err:
+        if err.errno not in _PLACE_ERRORS:
+            raise
+        raise SinklabError(f"--out {str(out)!r}: cannot write there ({err.strerror})") from None
+    final = Path(out).expanduser().resolve()
+    return [final / p.relative_to(tmp) for p in written]
+
+
+def mark_in_place(out: Path, command: str) -> Path:
+    """Create ``out`` (absent, empty or ``command``'s) as an output that is filled in place.
+
+    For outputs that must survive an interrupt part-done, such as a sweep whose finished runs are
+    resumed: each part is written with :func:`output_dir` inside it.
+    """
+    out = check_out(out, command)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        (out / MARKER).write_text(json.dumps({"command": command}) + "\n", encoding="utf-8")
+    except OSError as err:
+        raise SinklabError(f"--out {str(out)!r}: cannot write there ({err.strerror})") from None
+    return out

@@ -77,6 +77,7 @@ def ablate(
     from sinklab.ablate.core import model_shape
     from sinklab.corpus import documents, load_text, token_stream
     from sinklab.models import load_model
+    from sinklab.outputs import check_out, write_results
 
     # Cheap checks first: nothing loads before the arguments are known to be sane.
     check_experiment(experiment)
@@ -94,6 +95,7 @@ def ablate(
     config.check_tokens(tokens)
     if texts < 1:
         raise SinklabError(f"--texts must be >= 1, got {texts}")
+    out = check_out(out, "ablate")
     txt = load_text(text)
     with stderr.status("loading model"):
         loaded = load_model(model, trust_remote_code=trust_remote_code)
@@ -119,15 +121,19 @@ def ablate(
             callback=lambda done, total: prog.update(task, completed=done, total=total),
         )
     result.meta.update(model=loaded.info.to_json(), text=txt.to_json())
-    path = result.save(out)
-    figure = out / f"{experiment}.png"  # its plotted numbers go to {experiment}.json beside it
-    result.figure(figure)
+    data = result.to_json()
+
+    def figure(folder: Path) -> list[Path]:
+        result.figure(folder / f"{experiment}.png")  # its numbers go to {experiment}.json beside
+        return [folder / f"{experiment}.png"]
+
+    path, figure_path = write_results(out, "ablate", {"ablate.json": data}, figure)
     if fmt is OutputFormat.json:
-        emit_json(result.to_json())
+        emit_json(data)
         return
     from rich.console import Console
 
-    Console().print(f"[bold]{experiment}[/bold]: {result.finding}\nwrote {path} and {figure}")
+    Console().print(f"[bold]{experiment}[/bold]: {result.finding}\nwrote {path} and {figure_path}")
 
 
 def register(app: typer.Typer) -> None:

@@ -47,7 +47,7 @@ def cost(
     """
     from sinklab.lab.cost import DEFAULT_LENGTHS, TASKS, CostConfig, run_cost
     from sinklab.lab.plots import plot_cost
-    from sinklab.meta import write_json_atomic
+    from sinklab.outputs import check_out, write_results
 
     tasks = TASKS if task is Task.both else (task.value,)
     ts = tuple(parse_int_list(lengths, "--lengths") or DEFAULT_LENGTHS)
@@ -61,6 +61,7 @@ def cost(
         seed=seed,
         shared=shared,
     )
+    out = check_out(out, "cost")
     with progress(fmt is OutputFormat.text) as prog:
         bar = prog.add_task("fitting", total=len(ts) * len(tasks), status="")
         result = run_cost(
@@ -69,14 +70,14 @@ def cost(
                 prog.advance(bar) or prog.update(bar, status=f"{r['task']} T={r['T']}")
             ),
         )
-    write_json_atomic(out / "cost.json", result.to_json())
     cos = result.rows[0]["mean_cosine"] if result.rows else 0.0
-    plot_cost(
-        result.rows,
-        result.fits,
-        out / "cost_loglog.png",
-        subtitle=f"shared {shared:g} (mean token cosine {cos:.2f}), accuracy {accuracy:g}",
-    )
+
+    def figure(folder: Path) -> list[Path]:
+        subtitle = f"shared {shared:g} (mean token cosine {cos:.2f}), accuracy {accuracy:g}"
+        plot_cost(result.rows, result.fits, folder / "cost_loglog.png", subtitle=subtitle)
+        return [folder / "cost_loglog.png"]
+
+    write_results(out, "cost", {"cost.json": result.to_json()}, figure)
     if fmt is OutputFormat.json:
         emit_json(result.to_json())
         return

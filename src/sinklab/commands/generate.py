@@ -43,8 +43,9 @@ def generate(
     Example: sinklab generate --prompt "ROMEO:" --max-new-tokens 20000 --ignore-eos
     """
     from sinklab.corpus import read_text_file
-    from sinklab.meta import build_meta, write_json_atomic
+    from sinklab.meta import build_meta
     from sinklab.models import load_model
+    from sinklab.outputs import check_out, write_results
     from sinklab.streaming import GenerateConfig
     from sinklab.streaming import generate as run
 
@@ -57,6 +58,8 @@ def generate(
     text = read_text_file(prompt_file) if prompt_file is not None else prompt
     if not text or not text.strip():
         raise SinklabError("the prompt is empty; pass some text to continue")
+    if out is not None:
+        out = check_out(out, "generate")
     with stderr.status("loading model"):
         loaded = load_model(model, trust_remote_code=trust_remote_code)
     import torch
@@ -83,13 +86,14 @@ def generate(
     finally:
         status.stop()
     sys.stdout.write("\n")
+    if out is not None:
+        result.meta = build_meta(model=loaded.info, params=config, seconds=result.seconds)
+        write_results(out, "generate", {"generate.json": result.to_json()})
     stderr.print(
         f"{len(result.new_tokens)} tokens, {result.tokens_per_s:.1f} tok/s, cache at most "
         f"{result.max_cache_len} positions, peak RSS {result.peak_rss_mb:.0f} MB"
+        + (f"; wrote {out / 'generate.json'}" if out is not None else "")
     )
-    if out is not None:
-        result.meta = build_meta(model=loaded.info, params=config, seconds=result.seconds)
-        write_json_atomic(out / "generate.json", result.to_json())
 
 
 def register(app: typer.Typer) -> None:

@@ -105,8 +105,9 @@ def probe(
     Example: sinklab probe --tokens 1024 --q0 16 --lengths 128,512,2048 --out runs/probe
     """
     from sinklab.corpus import load_text, token_stream
-    from sinklab.meta import build_meta, write_json_atomic
+    from sinklab.meta import build_meta
     from sinklab.models import load_model
+    from sinklab.outputs import check_out, write_results
     from sinklab.probe import ProbeConfig, check_lengths, probe_lengths
     from sinklab.probe import probe as run_probe
     from sinklab.seam import check_supported
@@ -121,6 +122,7 @@ def probe(
     if ns is not None:
         ns = check_lengths(ns, 1 << 62, q0)
     need = max([tokens, *(ns or [])])
+    out = check_out(out, "probe")
     txt = load_text(text)
     with stderr.status("loading model"):
         loaded = load_model(model, trust_remote_code=trust_remote_code)
@@ -170,14 +172,18 @@ def probe(
     data = result.to_json()
     if trend is not None:
         data["by_length"] = trend.to_json()
-    path = write_json_atomic(out / "probe.json", data)
-    figures = [] if no_figures else _figures(data, out, info.name, txt.name)
+    written = write_results(
+        out,
+        "probe",
+        {"probe.json": data},
+        None if no_figures else lambda folder: _figures(data, folder, info.name, txt.name),
+    )
     if fmt is OutputFormat.json:
         emit_json(data)
         return
     for line in summary_lines(data, config.eps[0]):
         typer.echo(line)
-    typer.echo(f"wrote {path}" + "".join(f", {f}" for f in figures))
+    typer.echo("wrote " + ", ".join(map(str, written)))
 
 
 def _figures(data: dict[str, Any], out: Path, model: str, text: str) -> list[Path]:

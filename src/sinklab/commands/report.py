@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import signal
 from pathlib import Path
 from typing import Annotated
 
@@ -22,10 +21,6 @@ from sinklab.corpus import DEFAULT_TEXT, load_text
 from sinklab.models import DEFAULT_MODEL, load_model
 
 DEFAULT_OUT = Path("sinklab-report")
-
-
-def _terminate(signum: int, frame: object) -> None:
-    raise KeyboardInterrupt  # SIGTERM: same clean stop as Ctrl-C (temporary folder removed)
 
 
 def report(
@@ -69,51 +64,42 @@ def report(
 
     chosen = select_stages(stages.split(",") if stages is not None else None)
     config = ReportConfig.preset(quick, **parse_overrides(overrides or []))
-    out = out.expanduser().resolve()
-    check_out_dir(out)  # cheap checks first: a bad folder fails before the model loads
-    previous_term = signal.signal(signal.SIGTERM, _terminate)  # clean up like Ctrl-C
-    try:
-        with stderr.status("loading model and text"):
-            txt = load_text(text)
-            loaded = load_model(model, trust_remote_code=trust_remote_code)
-        columns = (
-            SpinnerColumn(),
-            TextColumn("[bold]{task.description}"),
-            BarColumn(),
-            TaskProgressColumn(),
-            TimeElapsedColumn(),
-            TextColumn("ETA"),
-            TimeRemainingColumn(),
+    out = check_out_dir(out)  # cheap checks first: a bad folder fails before the model loads
+    with stderr.status("loading model and text"):
+        txt = load_text(text)
+        loaded = load_model(model, trust_remote_code=trust_remote_code)
+    columns = (
+        SpinnerColumn(),
+        TextColumn("[bold]{task.description}"),
+        BarColumn(),
+        TaskProgressColumn(),
+        TimeElapsedColumn(),
+        TextColumn("ETA"),
+        TimeRemainingColumn(),
+    )
+    with Progress(
+        *columns, console=stderr, transient=False, disable=not stderr.is_terminal
+    ) as prog:
+        task = prog.add_task("starting", total=1.0)
+
+        def update(done: float, total: float, label: str) -> None:
+            prog.update(task, completed=done, total=total, description=label)
+
+        def stage_done(r: StageResult) -> None:
+            mark = "[green]ok[/green]" if r.status == "ok" else f"[red]failed[/red]: {r.error}"
+            prog.console.print(f"  {r.name}: {mark} ({r.seconds:.1f} s)", highlight=False)
+
+        result = build_report(
+            loaded,
+            txt,
+            out=out,
+            stages=chosen,
+            config=config,
+            model_spec=model or DEFAULT_MODEL,
+            text_spec=text or DEFAULT_TEXT,
+            callback=update,
+            on_stage=stage_done,
         )
-        with Progress(
-            *columns, console=stderr, transient=False, disable=not stderr.is_terminal
-        ) as prog:
-            task = prog.add_task("starting", total=1.0)
-
-            def update(done: float, total: float, label: str) -> None:
-                prog.update(task, completed=done, total=total, description=label)
-
-            def stage_done(r: StageResult) -> None:
-                mark = "[green]ok[/green]" if r.status == "ok" else f"[red]failed[/red]: {r.error}"
-                prog.console.print(f"  {r.name}: {mark} ({r.seconds:.1f} s)", highlight=False)
-
-            result = build_report(
-                loaded,
-                txt,
-                out=out,
-                stages=chosen,
-                config=config,
-                model_spec=model or DEFAULT_MODEL,
-                text_spec=text or DEFAULT_TEXT,
-                callback=update,
-                on_stage=stage_done,
-            )
-    except KeyboardInterrupt:
-        kept = "the previous report is intact" if (out / "index.html").exists() else "no report"
-        stderr.print(f"sinklab: interrupted; nothing was written ({kept} at {out})")
-        raise typer.Exit(130) from None
-    finally:
-        signal.signal(signal.SIGTERM, previous_term)
     for sentence in result.data["summary"]:
         stderr.print(f"  • {sentence}", highlight=False, soft_wrap=True)
     failed = [r for r in result.results if r.status != "ok"]

@@ -99,15 +99,15 @@ def stream(
 
     from sinklab.cache import CacheConfig, SinkCache
     from sinklab.corpus import load_text, token_stream
-    from sinklab.meta import build_meta, write_json_atomic
+    from sinklab.meta import build_meta
     from sinklab.models import load_model
+    from sinklab.outputs import check_out, write_results
     from sinklab.streaming import StreamConfig, streaming_perplexity
 
     # cheap checks first: sizes, policies and the text fail before the model loads
     config = StreamConfig(parse_policies(policy), n_sink, window, tokens, recompute_every)
+    out = check_out(out, "stream")
     txt = load_text(text)
-    if out.exists() and not out.is_dir():
-        raise SinklabError(f"--out {str(out)!r} is a file; pass a folder")
     with stderr.status("loading model"):
         loaded = load_model(model, trust_remote_code=trust_remote_code)
         SinkCache(loaded.model, CacheConfig("sink", n_sink, window))  # can the model stream?
@@ -145,9 +145,13 @@ def stream(
             ),
         )
     data = result.to_json()
-    write_json_atomic(out / "stream.json", data)
     title = f"Streaming perplexity ({loaded.info.name}, n_sink={n_sink}, window={window})"
-    fig = plot_running_ppl(data, out / "running_ppl.png", title, n_sink + window)
+    written = write_results(
+        out,
+        "stream",
+        {"stream.json": data},
+        lambda folder: [plot_running_ppl(data, folder / "running_ppl.png", title, n_sink + window)],
+    )
     for name, r in result.policies.items():
         cache = "none (a fresh forward per target)" if r.max_cache_len is None else r.max_cache_len
         stderr.print(
@@ -161,7 +165,7 @@ def stream(
             f"on the {shared['n_scored']} targets the oracle scored "
             f"(every {shared['recompute_every']}th): {each}"
         )
-    stderr.print(f"wrote {out / 'stream.json'} and {fig}")
+    stderr.print("wrote " + " and ".join(map(str, written)))
 
 
 def register(app: typer.Typer) -> None:

@@ -45,6 +45,7 @@ def train(
     from sinklab.lab.sweep import run_sweep
     from sinklab.lab.train import preset as make_preset
     from sinklab.lab.train import train as run_train
+    from sinklab.outputs import check_out, mark_in_place, output_dir
 
     sizes = {
         "steps": steps,
@@ -58,14 +59,19 @@ def train(
     }
     overrides = {k: v for k, v in sizes.items() if v is not None}
     config = make_preset(preset, variant=variant, data=data, seed=seed, **overrides)
+    out = check_out(out, "train")  # one run: built aside, replaces OUT whole when it finishes
     with progress(fmt is OutputFormat.text) as prog:
         if sweep is None:
             task = prog.add_task(f"{config.variant}/{config.data}", total=config.steps, status="")
-            result = run_train(
-                config,
-                out,
-                callback=lambda s, loss: prog.update(task, completed=s, status=f"loss {loss:.3f}"),
-            )
+            with output_dir(out, "train") as folder:
+                result = run_train(
+                    config,
+                    folder,
+                    callback=lambda s, loss: prog.update(
+                        task, completed=s, status=f"loss {loss:.3f}"
+                    ),
+                )
+            result.out = out
             summary = {"out": str(out), "val": result.val, "last": result.checkpoints[-1]}
         else:
             tasks: dict[str, int] = {}
@@ -75,7 +81,9 @@ def train(
                     tasks[name] = prog.add_task(name, total=config.steps, status="")
                 prog.update(tasks[name], completed=s, status=f"loss {loss:.3f}")
 
-            result = run_sweep(sweep.value, config, out, callback=cb)
+            # a sweep fills OUT in place: each finished run (OUT/<value>, written whole) is kept
+            # through an interrupt and reused by the next identical sweep
+            result = run_sweep(sweep.value, config, mark_in_place(out, "train"), callback=cb)
             summary = {"out": str(out), "rows": result.rows}
     if fmt is OutputFormat.json:
         emit_json(summary)

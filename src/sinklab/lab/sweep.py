@@ -18,6 +18,7 @@ from sinklab.lab.data import DATA_STRATEGIES, LabData
 from sinklab.lab.model import LAB_VARIANTS
 from sinklab.lab.train import TrainConfig, TrainResult, load_result, train
 from sinklab.meta import build_meta, write_json_atomic
+from sinklab.outputs import output_dir
 
 log = logging.getLogger(__name__)
 
@@ -95,8 +96,10 @@ def run_sweep(
             result = prior
             if prior.loss:  # show it as done
                 step_cb(*prior.loss[-1])
-        else:
-            result = train(config, out / value, data=data, callback=step_cb)
+        else:  # each run is written whole: an interrupted one leaves no half folder
+            with output_dir(out / value, "train") as folder:
+                result = train(config, folder, data=data, callback=step_cb)
+            result.out = out / value
         rows.append(summary_row(value, result))
     meta = build_meta(params=base, seconds=time.perf_counter() - t0, swept=field_name)
     sweep = SweepResult(kind, base, rows, meta)

@@ -259,7 +259,7 @@ def train(
             folder = out / "checkpoints" / f"step-{step}"
             model.save_pretrained(folder)
             data.tokenizer.save_pretrained(folder)
-            row["path"] = str(folder)
+            row["path"] = str(folder.relative_to(out))  # relative: the run folder may move
         checkpoints.append(row)
         model.train()
         log.info("step %d: sink rate %s", step, row["sink_rate"])

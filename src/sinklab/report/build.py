@@ -43,9 +43,10 @@ class Report:
         return self.out / "index.html"
 
 
-def check_out_dir(out: Path) -> None:
-    """Refuse a folder that is not a previous sinklab report (user data is sacred)."""
-    check_out(out, COMMAND)
+def check_out_dir(out: Path) -> Path:
+    """``out`` resolved; refused unless new, empty or a previous sinklab report (user data is
+    sacred)."""
+    return check_out(out, COMMAND)
 
 
 def _footer(loaded: LoadedModel, text: Text, n_results: int, seconds: float) -> dict[str, str]:
