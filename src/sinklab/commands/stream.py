@@ -95,7 +95,6 @@ def stream(
 
     Example: sinklab stream --policy window,sink --tokens 4000 --n-sink 4 --window 508
     """
-    import torch
 
     from sinklab.cache import CacheConfig, SinkCache
     from sinklab.corpus import load_text, token_stream
@@ -112,7 +111,6 @@ def stream(
         loaded = load_model(model, trust_remote_code=trust_remote_code)
         SinkCache(loaded.model, CacheConfig("sink", n_sink, window))  # can the model stream?
         ids = token_stream(txt, loaded.tokenizer, tokens)
-    torch.set_grad_enabled(False)
     columns = (
         TextColumn("[bold]{task.description:>9}"),
         BarColumn(),
