@@ -58,7 +58,7 @@ def make_mask(kind: str, tq: int, tk: int, window: int = 3, n_sink: int = 1) -> 
     return sink_window_mask(tq, tk, n_sink, window)
 
 
-# --------------------------------------------------------------------------- SCIENCE.md §1
+# ------------------------------------------------------------- docs/science.md#attention
 
 
 def one_query_weights(dots: list[float], d_k: int, scale: float | None) -> list[float]:

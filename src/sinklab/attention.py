@@ -10,10 +10,11 @@ Shape glossary (every function below uses it):
 - boolean masks: ``True`` = may attend; any shape that broadcasts to ``(B, H, Tq, Tk)``.
 
 Weight variants (``VARIANTS``): ``softmax``; ``softmax1`` (an invisible extra slot with logit 0, so
-rows may sum to less than 1, SCIENCE.md §2); ``sink`` (the same slot with a learned logit per head,
-gpt-oss style); ``clipped`` (Bondarenko et al. 2023); ``sigmoid`` (unnormalised, Gu et al. 2025).
-Every weight function computes in float32 (float64 stays float64), returns the scores' dtype, gives
-exact zeros on a fully masked row and stays finite for scores of +-1e4 in float32/16/bfloat16.
+rows may sum to less than 1: docs/science.md#softmax-plus-one); ``sink`` (the same slot with a
+learned logit per head, gpt-oss style); ``clipped`` (Bondarenko et al. 2023); ``sigmoid``
+(unnormalised, Gu et al. 2025). Every weight function computes in float32 (float64 stays float64),
+returns the scores' dtype, gives exact zeros on a fully masked row and stays finite for scores of
++-1e4 in float32/16/bfloat16.
 This module knows nothing about models or files.
 """
 

@@ -1,4 +1,4 @@
-"""What does a sink cost against a diagonal pattern? (SCIENCE.md §4, seed 004)
+"""What does a sink cost against a diagonal pattern? (docs/science.md#sink-vs-diagonal-cost)
 
 Setup, at each context length ``T``: ``T`` token embeddings ``X`` (T, d), unit-norm random
 Gaussian rows (seeded), ``d = T`` by default (each position its own token, as in copy tasks;

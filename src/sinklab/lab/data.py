@@ -5,7 +5,7 @@ in corpus order; every ``val_every``-th document is held out for validation. The
 byte-level BPE trained on the training documents (so nothing is ever out of vocabulary) and is
 saved with every checkpoint: checkpoints are self-contained.
 
-Strategies (SCIENCE.md §3, seed 002), each giving ``ids`` and ``doc`` (document index per
+Strategies (docs/science.md#bos), each giving ``ids`` and ``doc`` (document index per
 token), both ``(N, seq_len)``:
 
 * ``bos``: each sequence is ``[BOS] + seq_len - 1`` tokens of one document; causal mask.

@@ -29,7 +29,7 @@ from sinklab.probe import ProbeConfig, probe
 
 log = logging.getLogger(__name__)
 
-EPS = (0.3, 0.8)  # sink-head thresholds (Gu et al., Barbero et al.), SCIENCE.md §5
+EPS = (0.3, 0.8)  # sink-head thresholds (Gu et al., Barbero et al.), docs/metrics.md#q0-eps
 
 
 @dataclass(frozen=True)

@@ -1,5 +1,5 @@
-"""The probe: every layer's and head's sink metrics (SCIENCE.md §5) on any causal LM, chunked so
-no layer's ``T x T`` weights outlive their query block."""
+"""The probe: every layer's and head's sink metrics (docs/metrics.md#probe-metrics) on any
+causal LM, chunked so no layer's ``T x T`` weights outlive their query block."""
 
 from sinklab.probe import metrics
 from sinklab.probe.core import (

@@ -41,7 +41,7 @@ class ReportConfig:
     quick: bool = False
     probe_tokens: int = 1024  # the probe's main length
     probe_lengths: tuple[int, ...] = (128, 512, 1024, 2048)  # the length trend
-    q0: int = 16  # first query counted in sink mass (SCIENCE.md §5)
+    q0: int = 16  # first query counted in sink mass (docs/metrics.md#q0-eps)
     eps: float = 0.3  # sink-head threshold
     stream_tokens: int = 1500  # streaming perplexity length (eviction starts at n_sink + window)
     n_sink: int = 4
