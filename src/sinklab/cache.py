@@ -27,22 +27,34 @@ decode step writes one slot and rewrites the sink slots: no KV tensor is concate
 ``DynamicCache``. One query needs no mask (positions live in the keys); multi-token chunks get
 the kept keys then the chunk, under the causal mask built from :meth:`SinkCache.get_mask_sizes`.
 
-The price: the model sees positions up to the stream length, so float32 angles carry an error of
-about ``position * 6e-8`` rad (1e-3 rad at 20k tokens), as in any long-context use of a model.
-What cannot be moved is refused by :func:`sinklab.rotary.rope_of`, naming the reason. No padding:
-one stream per batch row, all rows the same length.
+Positions that never grow: with ``model.generate`` the model sees positions up to the stream
+length, so float32 angles drift (about ``position * 6e-8`` rad; measured in the README). sinklab's
+own loops call :meth:`SinkCache.prepare` before each forward and pass what it returns
+(``position_ids``, and a mask when rows need one): positions stay below ``max_position`` (the
+model's ``max_position_embeddings``); when a row would reach it, the row is *rebased* once, its
+kept keys rotated back by the same amount (O(kept)), so its positions restart at 0..kept.
+
+Many streams: each batch row is an independent stream (its own slots, sinks, positions, base; see
+:mod:`sinklab.cache_plan`). ``model.generate`` with left-padded prompts works (the layout keeps
+each row's invalid slots a prefix of the keys, which is what its 2D padding mask says); sinklab's
+loops add (:meth:`SinkCache.add_streams`) and remove (:meth:`SinkCache.keep_streams`) streams
+between steps, feed rows different numbers of tokens (left-padded), and fit a prompt into the
+cache before reading it (:meth:`SinkCache.evict_for_space`, StreamingLLM's).
+
+What cannot be moved is refused by :func:`sinklab.rotary.rope_of`, naming the reason.
 """
 
 from __future__ import annotations
 
-from collections import deque
-from dataclasses import dataclass, field
+from collections.abc import Sequence
 from typing import Any
 
 import torch
 from torch import Tensor
-from transformers.cache_utils import Cache, CacheLayerMixin
+from transformers.cache_utils import Cache
 
+from sinklab.cache_layer import SinkLayer, Step
+from sinklab.cache_plan import Plan, Row, check_positions, plan_chunk, plan_ring, ring_slots
 from sinklab.errors import SinklabError
 from sinklab.policy import CACHE_POLICIES, POLICIES, CacheConfig, kept_positions
 from sinklab.rotary import rope_of, text_config
@@ -57,147 +69,25 @@ __all__ = [
 ]
 
 
-@dataclass
-class _Step:
-    """What every layer does for one forward: planned once (on layer 0), shared by all layers."""
-
-    slot: int | None = None  # ring path (one token): the slot it is written to ...
-    n_view: int = 0  # ... and the keys returned are keys[..., :n_view, :]
-    gather: Tensor | None = None  # chunk path: kept slots in stream order, (L,)
-    keep_after: Tensor | None = None  # chunk path: rows of cat(gathered, chunk) kept afterwards
-    new_sinks: list[int] = field(default_factory=list)  # indices of new tokens that are sinks
-    rewrite_idx: list[int] = field(default_factory=list)  # sinks to re-rotate ...
-    rewrite_at: Tensor | slice | None = None  # ... into these slots (ring) / gathered rows (chunk)
-    delta: Tensor | None = None  # ... by these many positions (S,)
-
-
-class SinkLayer(CacheLayerMixin):
-    """One layer's ring of ``capacity + 1`` KV slots (``keys``/``values``: (B, H_kv, slots, D));
-    unbounded (``dense``) layers grow by concatenation like ``DynamicLayer``."""
-
-    is_sliding = False
-    is_croppable = False
-    is_compileable = False
-
-    def __init__(self, owner: SinkCache) -> None:
-        super().__init__()
-        self.owner = owner
-        self.sink_keys: Tensor | None = None  # (B, H_kv, S, D) as rotated at their own positions
-        self.sink_half: Tensor | None = None  # rotate_half(sink_keys), precomputed
-
-    def lazy_initialization(self, key_states: Tensor, value_states: Tensor) -> None:
-        self.device = key_states.device
-        b, h, _, d = key_states.shape
-        slots = 0 if self.owner.capacity is None else self.owner.capacity + 1
-        self.keys = key_states.new_zeros(b, h, slots, d)
-        self.values = value_states.new_zeros(b, h, slots, value_states.shape[-1])
-        self.is_initialized = True
-
-    def update(
-        self, key_states: Tensor, value_states: Tensor, *args: Any, **kwargs: Any
-    ) -> tuple[Tensor, Tensor]:
-        """Add ``key_states``/``value_states`` (B, H_kv, q, D); return the keys and values the new
-        queries attend to (kept positions, then the new ones)."""
-        if not self.is_initialized:
-            self.lazy_initialization(key_states, value_states)
-        step = self.owner._step
-        if step.new_sinks:
-            idx = torch.tensor(step.new_sinks, device=self.device)
-            new = key_states.index_select(-2, idx)
-            half = self.owner.rope.rotate_half(new)
-            if self.sink_keys is None or self.sink_half is None:
-                self.sink_keys, self.sink_half = new, half
-            else:
-                self.sink_keys = torch.cat((self.sink_keys, new), -2)
-                self.sink_half = torch.cat((self.sink_half, half), -2)
-        if self.owner.capacity is None:  # dense
-            self.keys = torch.cat((self.keys, key_states), dim=-2)
-            self.values = torch.cat((self.values, value_states), dim=-2)
-            return self.keys, self.values
-        if (slot := step.slot) is not None:  # ring path, one token
-            self.keys[:, :, slot] = key_states[:, :, 0]
-            self.values[:, :, slot] = value_states[:, :, 0]
-            if step.rewrite_idx:
-                self._rewrite(step, self.keys)
-            return self.keys[:, :, : step.n_view], self.values[:, :, : step.n_view]
-        # chunk path: kept keys in stream order, then the chunk; then re-pack the ring
-        assert step.gather is not None and step.keep_after is not None
-        gather, keep = step.gather.to(self.device), step.keep_after.to(self.device)
-        old_k = self.keys.index_select(-2, gather)
-        if step.rewrite_idx:
-            self._rewrite(step, old_k)
-        full_k = torch.cat((old_k, key_states), dim=-2)
-        full_v = torch.cat((self.values.index_select(-2, gather), value_states), dim=-2)
-        n = keep.numel()
-        self.keys[:, :, :n] = full_k.index_select(-2, keep)
-        self.values[:, :, :n] = full_v.index_select(-2, keep)
-        return full_k, full_v
-
-    def _rewrite(self, step: _Step, target: Tensor) -> None:
-        """Rotate the sinks in ``step.rewrite_idx`` from their original keys into their slots:
-        ``k cos + rotate_half(k) sin``, written in place when the slots are a slice."""
-        assert self.sink_keys is not None and self.sink_half is not None
-        assert step.rewrite_at is not None and step.delta is not None
-        idx, n = step.rewrite_idx, len(step.rewrite_idx)
-        if idx == list(range(n)):
-            src, half = self.sink_keys[:, :, :n], self.sink_half[:, :, :n]
-        else:
-            src, half = self.sink_keys[:, :, idx], self.sink_half[:, :, idx]
-        cos, sin = self.owner._cast(step.delta, src.dtype, self.device, src.shape[-1])
-        if isinstance(step.rewrite_at, slice):
-            dst = target[:, :, step.rewrite_at]
-            torch.mul(src, cos, out=dst)
-            dst.addcmul_(half, sin)
-        else:
-            at = step.rewrite_at.to(self.device)
-            target[:, :, at] = torch.addcmul(src * cos, half, sin)
-
-    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
-        return self.owner.get_mask_sizes(query_length, 0)
-
-    def get_seq_length(self) -> int:
-        return self.owner.seen
-
-    def get_max_length(self) -> int:
-        return -1 if self.owner.capacity is None else self.owner.capacity
-
-    def reset(self) -> None:
-        self.keys = self.values = self.sink_keys = self.sink_half = None
-        self.is_initialized = False
-
-    def _map(self, fn) -> None:
-        for name in ("keys", "values", "sink_keys", "sink_half"):
-            if (t := getattr(self, name)) is not None:
-                setattr(self, name, fn(t))
-
-    def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
-        self._map(lambda t: t.index_select(0, beam_idx.to(t.device)))
-
-    def batch_repeat_interleave(self, repeats: int) -> None:
-        self._map(lambda t: t.repeat_interleave(repeats, dim=0))
-
-    def batch_select_indices(self, indices: Tensor) -> None:
-        self._map(lambda t: t[indices, ...])
-
-    def crop(self, tokens_to_remove: int) -> None:
-        raise SinklabError("SinkCache cannot be cropped (assisted decoding is not supported)")
-
-
 class SinkCache(Cache):
     """A transformers 5 ``Cache`` keeping sinks + a recent window, at cache-relative positions.
 
     ``SinkCache(model, CacheConfig(policy="sink", n_sink=4, window=508))``; pass it as ``cache=``
     (or ``past_key_values=``) to ``model(...)`` or ``model.generate(...)``, and keep passing the
     same object to continue the stream (several ``generate`` calls: pass the whole conversation,
-    as with any transformers cache). ``get_seq_length()`` is the number of tokens seen;
-    :meth:`kept_length` is what is cached.
+    as with any transformers cache). Each batch row is its own stream. ``get_seq_length()`` is the
+    number of columns seen (what ``generate`` slices with); :meth:`kept_length` is what is cached.
+    ``max_position`` (default: the model's ``max_position_embeddings``) bounds the positions
+    :meth:`prepare` gives the model.
     """
 
-    def __init__(self, model: Any, config: CacheConfig | None = None) -> None:
+    def __init__(
+        self, model: Any, config: CacheConfig | None = None, max_position: int | None = None
+    ) -> None:
         self.config = config or CacheConfig()
         self.rope = rope_of(model)
         text_cfg = text_config(model)
-        max_pos = getattr(text_cfg, "max_position_embeddings", None)
+        max_pos = max_position or getattr(text_cfg, "max_position_embeddings", None)
         cap = self.config.capacity
         if cap is not None and max_pos and cap >= max_pos:
             raise SinklabError(
@@ -205,45 +95,140 @@ class SinkCache(Cache):
                 f"make the window smaller (at most {max_pos - 1 - self.config.n_sink})"
             )
         self.capacity = cap
+        self.max_position = max_pos
         self.sinks = self.config.sinks
         self.recent = self.config.recent
+        self._eager = getattr(text_cfg, "_attn_implementation", None) == "eager"
+        self._device = next(model.parameters()).device
         super().__init__(layers=[SinkLayer(self) for _ in range(text_cfg.num_hidden_layers)])
         self._reset_state()
 
     # -------------------------------------------------------------------- public read-outs
     def get_seq_length(self, layer_idx: int = 0) -> int:
-        """Tokens seen so far (what ``generate`` slices its inputs with)."""
+        """Columns seen (one stream: its tokens); what ``generate`` slices its inputs with."""
         return self.seen
 
     def get_mask_sizes(self, query_length: int, layer_idx: int = 0) -> tuple[int, int]:
-        """(kv_length, kv_offset): the kept keys then the queries; kv index ``i`` sits at position
-        ``seen - kept + i``, so relative distances are cache-relative."""
-        kept = self.kept_length()
-        return kept + query_length, self.seen - kept
+        """(kv_length, kv_offset) of the next forward: kv index ``i`` is column
+        ``kv_offset + i``, so a left-padded 2D mask lands on each row's invalid (prefix) slots."""
+        if self._prepared is not None:
+            n = self._prepared.kv_len
+        elif self.capacity is None:
+            n = self.seen + query_length
+        elif query_length == 1 and self.rows:
+            n = ring_slots(self.rows, self.n_used, self.capacity + 1)[1]
+        else:
+            n = max((r.kept() for r in self.rows), default=0) + query_length
+        return n, self.seen - (n - query_length)
 
-    def kept_length(self) -> int:
-        """Positions cached between steps (at most ``n_sink + window``)."""
-        return self.seen if self.capacity is None else len(self.sink_pos) + len(self.ring)
+    @property
+    def batch_size(self) -> int:
+        return len(self.rows)
 
-    def kept_positions(self) -> list[int]:
-        """The stream positions cached now, in stream order."""
+    def kept_length(self, row: int | None = None) -> int:
+        """Positions cached between steps (at most ``n_sink + window``): of ``row``, or the most
+        of any row."""
+        rows = self.rows if row is None else [self.rows[row]]
         if self.capacity is None:
-            return list(range(self.seen))
-        return sorted(p for p in self.slot_pos[: self.n_used] if p >= 0)
+            return max((sum(r.dense_valid) for r in rows), default=0)
+        return max((r.kept() for r in rows), default=0)
 
-    def relative_keys(self, layer_idx: int) -> tuple[Tensor, Tensor]:
-        """Kept keys and values of a layer in stream order, keys rotated to their cache-relative
-        positions 0..kept-1: (B, H_kv, kept, D) each. For inspection and tests, O(kept)."""
-        layer = self.layers[layer_idx]
+    def kept_positions(self, row: int = 0) -> list[int]:
+        """The stream positions of ``row`` cached now, in stream order."""
+        r = self.rows[row]
+        return list(range(r.seen)) if self.capacity is None else r.positions()
+
+    def stream_length(self, row: int = 0) -> int:
+        """Tokens of ``row``'s stream read so far."""
+        return self.rows[row].seen
+
+    def next_position(self, row: int = 0) -> int:
+        """The position the model would be given for ``row``'s next token."""
+        r = self.rows[row]
+        return r.seen - r.base
+
+    def relative_keys(self, layer_idx: int, row: int = 0) -> tuple[Tensor, Tensor]:
+        """Kept keys and values of a layer and row in stream order, keys rotated to their
+        cache-relative positions 0..kept-1: (1, H_kv, kept, D) each. For inspection, O(kept)."""
+        layer, r = self.layers[layer_idx], self.rows[row]
         if self.capacity is None:
-            return layer.keys, layer.values
-        order = sorted((p, s) for s, p in enumerate(self.slot_pos[: self.n_used]) if p >= 0)
+            cols = [c for c, v in enumerate(r.dense_valid) if v]
+            return layer.keys[row : row + 1, :, cols], layer.values[row : row + 1, :, cols]
+        order = sorted((p, s) for s, p in enumerate(r.slot_pos) if p >= 0)
         slots = torch.tensor([s for _, s in order], device=layer.device, dtype=torch.long)
-        rot = {s: self.sink_rot[i] for i, s in enumerate(self.sink_slots)}
-        current = torch.tensor([rot.get(s, p) for p, s in order])
-        keys = layer.keys.index_select(-2, slots)
+        rot = {r.sink_slot[i]: r.sink_rot[i] for i in r.sink_slot}
+        current = torch.tensor([rot.get(s, p) - r.base for p, s in order])
+        keys = layer.keys[row : row + 1].index_select(-2, slots)
         delta = torch.arange(len(order)) - current
-        return self.rope.shift(keys, delta), layer.values.index_select(-2, slots)
+        return self.rope.shift(keys, delta), layer.values[row : row + 1].index_select(-2, slots)
+
+    # ------------------------------------------------------------------ sinklab's loops
+    def prepare(self, new: int | Sequence[int] = 1) -> dict[str, Tensor]:
+        """Plan the next forward, in which row ``b`` reads ``new[b]`` tokens (``int``: every row;
+        rows with fewer are left-padded to the most). Rebases a row whose positions would reach
+        ``max_position``. Returns the model's ``position_ids`` (B, q) and, when a row has padding
+        or invalid keys, an ``attention_mask`` (B, 1, q, kv); pass both: ``model(ids, cache=cache,
+        **cache.prepare(q))``. (``model.generate`` does not call this: see the module docs.)"""
+        if not self.rows:
+            raise SinklabError("this SinkCache has no streams; add one with add_streams()")
+        real = [new] * len(self.rows) if isinstance(new, int) else [int(x) for x in new]
+        if len(real) != len(self.rows) or min(real) < 0 or max(real) < 1:
+            raise SinklabError(
+                f"prepare() takes one count >= 0 per stream ({len(self.rows)}), at least one "
+                f"positive; got {new!r}"
+            )
+        q = max(real)
+        for b, r in enumerate(real):
+            self._bound(b, r)
+        pos = torch.zeros(len(real), q, dtype=torch.long)
+        for b, (row, r) in enumerate(zip(self.rows, real, strict=True)):
+            pos[b, q - r :] = torch.arange(row.seen - row.base, row.seen - row.base + r)
+        self._prepared = self._plan(q, real)
+        out = {"position_ids": pos.to(self._device)}
+        if self._prepared.masked:
+            out["attention_mask"] = self._mask(self._prepared)
+        return out
+
+    def evict_for_space(self, n: int) -> None:
+        """Before reading ``n`` tokens at once (a prompt): evict each row's oldest non-sinks so
+        that what it keeps plus the ``n`` new ones fit in ``n_sink + window`` (StreamingLLM's
+        ``evict_for_space``). With ``n`` above the window, every non-sink goes."""
+        if self.capacity is None:
+            return
+        for row in self.rows:
+            while row.ring and row.kept() + n > self.capacity:
+                row.slot_pos[row.ring.popleft()] = -1
+            row.free = [s for s in row.free if row.slot_pos[s] < 0]
+
+    def add_streams(self, n: int = 1) -> None:
+        """Append ``n`` empty streams (batch rows) to read from the next step on."""
+        if n < 1:
+            raise SinklabError(f"add_streams takes a positive count, got {n}")
+        self.rows += [Row(slot_pos=[-1] * self.n_used, dense_valid=[False] * self.seen)]
+        self.rows += [self.rows[-1].copy() for _ in range(n - 1)]
+        for layer in self.layers:
+            if layer.is_initialized:
+                layer._map(lambda t: torch.cat((t, t.new_zeros(n, *t.shape[1:]))))
+
+    def keep_streams(self, rows: Sequence[int]) -> None:
+        """Keep only the streams ``rows`` (batch indices, in the new order); drop the others."""
+        idx = [int(r) for r in rows]
+        if any(not 0 <= r < len(self.rows) for r in idx):
+            raise SinklabError(f"stream index out of range 0..{len(self.rows) - 1}: {list(rows)}")
+        self.batch_select_indices(torch.tensor(idx, dtype=torch.long))
+
+    # ------------------------------------------------------------------ batch reshuffles
+    def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
+        super().reorder_cache(beam_idx)
+        self.rows = [self.rows[int(i)].copy() for i in beam_idx.tolist()]
+
+    def batch_repeat_interleave(self, repeats: int) -> None:
+        super().batch_repeat_interleave(repeats)
+        self.rows = [r.copy() for r in self.rows for _ in range(repeats)]
+
+    def batch_select_indices(self, indices: Tensor) -> None:
+        super().batch_select_indices(indices)
+        self.rows = [self.rows[int(i)].copy() for i in torch.as_tensor(indices).tolist()]
 
     # ----------------------------------------------------------------------- the step
     def update(
@@ -251,7 +236,7 @@ class SinkCache(Cache):
     ) -> tuple[Tensor, Tensor]:
         if layer_idx == 0:
             inner = kwargs.get("kwargs") or {}
-            self._begin(key_states.shape[-2], inner.get("position_ids", kwargs.get("position_ids")))
+            self._begin(key_states, inner.get("position_ids", kwargs.get("position_ids")))
         return self.layers[layer_idx].update(key_states, value_states)
 
     def reset(self) -> None:
@@ -259,97 +244,87 @@ class SinkCache(Cache):
         self._reset_state()
 
     def _reset_state(self) -> None:
-        slots = 0 if self.capacity is None else self.capacity + 1
-        self.seen = 0
-        self.slot_pos: list[int] = [-1] * slots
-        self.n_used = 0
-        self.free: list[int] = []
-        self.ring: deque[int] = deque()  # non-sink slots, oldest first
-        self.sink_pos: list[int] = []
-        self.sink_slots: list[int] = []
-        self.sink_rot: list[int] = []  # position each sink slot is rotated at now
-        self._sink_set = set(self.sinks)
-        self._cast_cache: dict[tuple[Any, ...], tuple[Tensor, Tensor]] = {}
-        self._step: _Step | None = None
+        self.seen = 0  # columns read (for one stream: its tokens)
+        self.n_used = 0  # slots in use (the same for every row)
+        self.rows: list[Row] = [Row()]
+        self._prepared: Plan | None = None
+        self._step: Step | None = None
 
-    def _cast(self, cs: tuple[Tensor, Tensor], dtype: torch.dtype, device: Any, dim: int):
-        """The step's sink rotation (float64 angles) as cos, sin (S, dim), once per dtype."""
-        key = (dtype, device, dim)
-        if key not in self._cast_cache:
-            cos, sin = self.rope.cos_sin(cs, dtype, dim)
-            self._cast_cache[key] = (cos.to(device), sin.to(device))
-        return self._cast_cache[key]
-
-    def _begin(self, q: int, position_ids: Tensor | None) -> None:
-        """Plan one forward of ``q`` new tokens for all layers (called on layer 0)."""
-        t = self.seen
-        if position_ids is not None and int(position_ids.reshape(-1)[0]) != t:
-            raise SinklabError(
-                f"the model was given positions from {int(position_ids.reshape(-1)[0])} but this "
-                f"SinkCache has seen {t} tokens; pass the whole sequence (or its full attention "
-                "mask) to generate, or let the model compute positions"
-            )
-        self._cast_cache = {}
-        new_sinks = [i for i in range(q) if t + i in self._sink_set]
-        if self.capacity is None:
-            self._step = _Step(new_sinks=new_sinks)
-            self.seen += q
-            return
-        n_kept = self.kept_length()
-        offset = t - n_kept
-        tail_min = self.slot_pos[self.ring[0]] if self.ring else t
-        targets = [offset + i if p < tail_min else p for i, p in enumerate(self.sink_pos)]
-        rewrite = [i for i, tg in enumerate(targets) if tg != self.sink_rot[i]]
-        delta = None
-        if rewrite:
-            delta = torch.tensor([targets[i] - self.sink_pos[i] for i in rewrite])
-        for i in rewrite:
-            self.sink_rot[i] = targets[i]
-        if q == 1:
-            self._ring_step(t, new_sinks, rewrite, delta)
+    def _begin(self, key_states: Tensor, position_ids: Tensor | None) -> None:
+        """Plan one forward of ``q`` new columns for all layers (called on layer 0)."""
+        b, _, q, _ = key_states.shape
+        if self._prepared is not None:
+            plan, self._prepared = self._prepared, None
+            if plan.q != q or len(plan.real) != b:
+                raise SinklabError(
+                    f"prepare() planned {len(plan.real)} x {plan.q} tokens but the model was "
+                    f"given {b} x {q}"
+                )
         else:
-            self._chunk_step(t, q, new_sinks, rewrite, delta)
+            if len(self.rows) == 1 and b > 1 and self.seen == 0:  # a fresh batch (generate)
+                self.rows = [Row() for _ in range(b)]
+            if b != len(self.rows):
+                raise SinklabError(f"this SinkCache holds {len(self.rows)} streams, given {b}")
+            if position_ids is None:
+                last = [self.seen + q - 1] * b
+            else:
+                pos = position_ids.reshape(-1, position_ids.shape[-1])
+                last = pos[:, -1].expand(b).tolist() if pos.shape[0] == 1 else pos[:, -1].tolist()
+            plan = self._plan(q, check_positions(self.rows, q, last))
+        self._step = Step(plan, self.rope)
         self.seen += q
 
-    def _ring_step(self, t, new_sinks, rewrite, delta) -> None:
-        assert len(self.free) <= 1, "ring invariant: at most one free slot between steps"
-        if self.free:
-            slot = self.free.pop()
+    def _plan(self, q: int, real: list[int]) -> Plan:
+        if self.capacity is None:
+            plan = Plan(q, real, self.seen + q, [])
+            for row, r in zip(self.rows, real, strict=True):
+                row.dense_valid += [False] * (q - r) + [True] * r
+                row.seen += r
+                plan.valid.append(list(row.dense_valid))
+            return plan
+        if q == 1 and all(r == 1 for r in real):
+            plan, self.n_used = plan_ring(
+                self.rows, self.n_used, self.capacity + 1, self.sinks, self.recent
+            )
         else:
-            slot, self.n_used = self.n_used, self.n_used + 1
-        self.slot_pos[slot] = t
-        if new_sinks:
-            self.sink_pos.append(t)
-            self.sink_slots.append(slot)
-            self.sink_rot.append(t)
-        else:
-            self.ring.append(slot)
-        slots = [self.sink_slots[i] for i in rewrite]
-        where: Tensor | slice | None = torch.tensor(slots) if slots else None
-        if slots and slots == list(range(slots[0], slots[0] + len(slots))):  # the usual case
-            where = slice(slots[0], slots[0] + len(slots))
-        self._step = _Step(slot, self.n_used, None, None, new_sinks, rewrite, where, delta)
-        while len(self.ring) > self.recent:
-            old = self.ring.popleft()
-            self.slot_pos[old] = -1
-            self.free.append(old)
+            plan, self.n_used = plan_chunk(self.rows, q, real, self.sinks, self.recent)
+        return plan
 
-    def _chunk_step(self, t, q, new_sinks, rewrite, delta) -> None:
-        order = sorted((p, s) for s, p in enumerate(self.slot_pos[: self.n_used]) if p >= 0)
-        positions = [p for p, _ in order] + list(range(t, t + q))
-        row_of_sink = {p: r for r, (p, _) in enumerate(order)}
-        rows = torch.tensor([row_of_sink[self.sink_pos[i]] for i in rewrite], dtype=torch.long)
-        keep = kept_positions(t + q, self.sinks, self.recent)
-        row = {p: r for r, p in enumerate(positions)}
-        keep_rows = torch.tensor([row[p] for p in keep], dtype=torch.long)
-        gather = torch.tensor([s for _, s in order], dtype=torch.long)
-        at = rows if rewrite else None
-        self._step = _Step(None, 0, gather, keep_rows, new_sinks, rewrite, at, delta)
-        # the re-packed ring: slot i holds keep[i]
-        self.slot_pos = keep + [-1] * (self.capacity + 1 - len(keep))
-        self.n_used, self.free = len(keep), []
-        rot = dict(zip(self.sink_pos, self.sink_rot, strict=True))
-        self.sink_pos = [p for p in keep if p in self._sink_set]
-        self.sink_slots = [i for i, p in enumerate(keep) if p in self._sink_set]
-        self.sink_rot = [rot.get(p, p) for p in self.sink_pos]
-        self.ring = deque(i for i, p in enumerate(keep) if p not in self._sink_set)
+    def _bound(self, b: int, n: int) -> None:
+        """Rebase row ``b`` if reading ``n`` more tokens would reach ``max_position``: rotate its
+        kept keys back by ``D`` positions (O(kept), once) so they sit at 0..kept-1."""
+        row, bound = self.rows[b], self.max_position
+        if self.capacity is None or not bound or row.seen - row.base + n <= bound:
+            return
+        kept = row.kept()
+        if kept + n > bound:
+            raise SinklabError(
+                f"cannot read {n} tokens at once with {kept} cached below {bound} positions; "
+                f"read at most {bound - kept} at a time"
+            )
+        shift = row.seen - kept - row.base
+        slots = [s for s, p in enumerate(row.slot_pos) if p >= 0]
+        if shift <= 0 or not slots:
+            return
+        delta = torch.full((len(slots),), -shift, dtype=torch.long)
+        for layer in self.layers:
+            idx = torch.tensor(slots, device=layer.device)
+            keys = layer.keys[b].index_select(-2, idx)  # (H_kv, kept, D)
+            layer.keys[b, :, idx] = self.rope.shift(keys, delta)
+        row.base += shift
+
+    def _mask(self, plan: Plan) -> Tensor:
+        """(B, 1, q, kv) mask of a planned forward: valid kept keys, then the new columns causal
+        (a padding query sees itself only, so no row is all -inf)."""
+        valid = torch.tensor(plan.valid, dtype=torch.bool)  # (B, kv)
+        b, kv, q = valid.shape[0], valid.shape[1], plan.q
+        mask = valid[:, None, None, :].expand(b, 1, q, kv).clone()
+        mask[:, 0, :, kv - q :] &= torch.ones(q, q, dtype=torch.bool).tril()
+        mask[:, 0, torch.arange(q), kv - q + torch.arange(q)] = True
+        mask = mask.to(self._device)
+        if self._eager:
+            dtype = self.layers[0].keys.dtype if self.layers[0].is_initialized else torch.float32
+            return torch.zeros(mask.shape, dtype=dtype, device=self._device).masked_fill(
+                ~mask, torch.finfo(dtype).min
+            )
+        return mask

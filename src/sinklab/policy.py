@@ -79,3 +79,18 @@ def kept_positions(n_seen: int, sinks: tuple[int, ...], recent: int | None) -> l
             tail.append(t)
         t -= 1
     return sorted([s for s in sinks if s < n_seen] + tail)
+
+
+def kept_of(
+    positions: list[int], sinks: tuple[int, ...] | list[int], recent: int | None
+) -> list[int]:
+    """What the policy keeps of the stream positions ``positions`` (in stream order): the sinks
+    among them plus the ``recent`` most recent others. ``kept_of(range(n), ...)`` equals
+    :func:`kept_positions` ``(n, ...)``; a cache that evicted early (to fit a prompt) passes
+    what it still holds plus the new tokens."""
+    if recent is None:
+        return list(positions)
+    sink_set = set(sinks)
+    others = [p for p in positions if p not in sink_set]
+    tail = set(others[-recent:]) if recent > 0 else set()
+    return [p for p in positions if p in sink_set or p in tail]

@@ -166,7 +166,7 @@ def stream_nll(
     nll = torch.empty(n, dtype=torch.float64)
     total, most, peak = 0.0, 0, rss_mb()
     for t in range(n):
-        out = model(ids[t : t + 1].view(1, 1).to(dev), cache=cache, use_cache=True)
+        out = model(ids[t : t + 1].view(1, 1).to(dev), cache=cache, **cache.prepare(1))
         nll[t] = _target_nll(out.logits[0, -1], int(ids[t + 1]))
         total += float(nll[t])
         most = max(most, cache.kept_length())
@@ -274,126 +274,5 @@ def streaming_perplexity(
 
 
 # ------------------------------------------------------------------------------ generation
-@dataclass(frozen=True)
-class GenerateConfig:
-    """Bounded-memory generation: the cache never holds more than ``n_sink + window``."""
-
-    max_new_tokens: int = 200
-    n_sink: int = 4
-    window: int = 508
-    temperature: float = 0.0  # 0 = greedy
-    seed: int = 0
-    stop_at_eos: bool = True
-    prefill_chunk: int = 256  # long prompts are read in chunks of this many tokens
-
-    def __post_init__(self) -> None:
-        for name in ("max_new_tokens", "n_sink", "window", "prefill_chunk"):
-            if getattr(self, name) < 1:
-                raise SinklabError(f"{name} must be a positive integer, got {getattr(self, name)}")
-        if not self.temperature >= 0 or math.isinf(self.temperature):
-            raise SinklabError(f"temperature must be >= 0 (0 = greedy), got {self.temperature}")
-
-
-@dataclass
-class GenerateResult:
-    config: GenerateConfig
-    prompt_tokens: int
-    new_tokens: list[int]
-    text: str
-    seconds: float
-    tokens_per_s: float
-    max_cache_len: int
-    peak_rss_mb: float
-    meta: dict[str, Any] = field(default_factory=dict)
-
-    def to_json(self) -> dict[str, Any]:
-        data = asdict(self)
-        data["n_new_tokens"] = len(self.new_tokens)
-        return data
-
-
-class _Streamer:
-    """transformers streamer: decodes each new token against a few previous ones (O(1) per
-    token, keeps leading spaces and multi-byte characters right) and reports progress."""
-
-    def __init__(self, tokenizer: Any, cache: SinkCache, on_text, on_token) -> None:
-        self.tok, self.cache, self.on_text, self.on_token = tokenizer, cache, on_text, on_token
-        self.prompt_done, self.context, self.pending = False, [], []
-        self.tokens: list[int] = []
-        self.most, self.peak = 0, rss_mb()
-
-    def put(self, value: Tensor) -> None:
-        if not self.prompt_done:  # the first call carries the prompt
-            self.prompt_done = True
-            return
-        ids = value.reshape(-1).tolist()
-        self.tokens += ids
-        self.pending += ids
-        self.most = max(self.most, self.cache.kept_length())
-        if len(self.tokens) % _EVERY == 0:
-            self.peak = max(self.peak, rss_mb())
-        self._flush(final=False)
-        if self.on_token is not None:
-            self.on_token(len(self.tokens))
-
-    def end(self) -> None:
-        self._flush(final=True)
-        self.peak = max(self.peak, rss_mb())
-
-    def _flush(self, final: bool) -> None:
-        before = self.tok.decode(self.context, skip_special_tokens=True)
-        text = self.tok.decode(self.context + self.pending, skip_special_tokens=True)
-        new = text[len(before) :]
-        if new.endswith("\ufffd") and not final:  # an incomplete multi-byte character
-            return
-        if new and self.on_text is not None:
-            self.on_text(new)
-        self.context = (self.context + self.pending)[-4:]
-        self.pending = []
-
-
-@torch.inference_mode()
-def generate(
-    model: Any,
-    tokenizer: Any,
-    prompt_ids: Tensor,
-    config: GenerateConfig,
-    on_text: Callable[[str], None] | None = None,
-    on_token: Callable[[int], None] | None = None,
-) -> GenerateResult:
-    """``model.generate`` with a sink cache: ``prompt_ids`` (T,) -> the new tokens, streamed to
-    ``on_text`` as text pieces; ``on_token(n_generated)`` after each token."""
-    cache = SinkCache(model, CacheConfig("sink", config.n_sink, config.window))
-    ids = torch.as_tensor(prompt_ids).reshape(1, -1).to(_device(model))
-    streamer = _Streamer(tokenizer, cache, on_text, on_token)
-    sample = config.temperature > 0
-    kwargs: dict[str, Any] = dict(do_sample=sample, top_k=None, top_p=None)
-    if sample:
-        kwargs["temperature"] = config.temperature
-    if not config.stop_at_eos:
-        kwargs["eos_token_id"] = None
-    torch.manual_seed(config.seed)
-    start = time.perf_counter()
-    model.generate(
-        ids,
-        attention_mask=torch.ones_like(ids),
-        cache=cache,
-        max_new_tokens=config.max_new_tokens,
-        streamer=streamer,
-        prefill_chunk_size=config.prefill_chunk if ids.shape[1] > config.prefill_chunk else None,
-        pad_token_id=tokenizer.pad_token_id or tokenizer.eos_token_id,
-        **kwargs,
-    )
-    seconds = time.perf_counter() - start
-    text = tokenizer.decode(streamer.tokens, skip_special_tokens=True)
-    n = len(streamer.tokens)
-    return GenerateResult(
-        config,
-        int(ids.shape[1]),
-        streamer.tokens,
-        text,
-        round(seconds, 3),
-        n / seconds if seconds > 0 else math.inf,
-        streamer.most,
-        round(streamer.peak, 1),
-    )
+# bounded-memory generation lives in sinklab.generation (sinklab's own loop, bounded positions)
+from sinklab.generation import GenerateConfig, GenerateResult, generate  # noqa: E402, F401

@@ -1,0 +1,231 @@
+"""Bounded-memory generation in sinklab's own decode loop: one stream (:func:`generate`) or many
+at once (:class:`StreamBatch`), through a :class:`~sinklab.cache.SinkCache` whose positions never
+grow (each forward goes through :meth:`SinkCache.prepare`; see :mod:`sinklab.cache`).
+
+Why not ``model.generate``: it computes positions itself (the token's index in the sequence), so
+a long stream hands the model ever larger positions; float32 RoPE then drifts (the README's drift
+table). ``model.generate(cache=SinkCache(...))`` still works, with that drift.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from sinklab.cache import CacheConfig, SinkCache
+from sinklab.errors import SinklabError
+
+_EVERY = 16  # RSS sampling period, in tokens
+
+
+def _rss_mb() -> float:
+    from sinklab.streaming import rss_mb
+
+    return rss_mb()
+
+
+def _device(model: Any) -> torch.device:
+    return next(model.parameters()).device
+
+
+@dataclass(frozen=True)
+class GenerateConfig:
+    """Bounded-memory generation: the cache never holds more than ``n_sink + window``."""
+
+    max_new_tokens: int = 200
+    n_sink: int = 4
+    window: int = 508
+    temperature: float = 0.0  # 0 = greedy
+    seed: int = 0
+    stop_at_eos: bool = True
+    prefill_chunk: int = 256  # long prompts are read in chunks of this many tokens
+
+    def __post_init__(self) -> None:
+        for name in ("max_new_tokens", "n_sink", "window", "prefill_chunk"):
+            if getattr(self, name) < 1:
+                raise SinklabError(f"{name} must be a positive integer, got {getattr(self, name)}")
+        if not self.temperature >= 0 or math.isinf(self.temperature):
+            raise SinklabError(f"temperature must be >= 0 (0 = greedy), got {self.temperature}")
+
+
+@dataclass
+class GenerateResult:
+    config: GenerateConfig
+    prompt_tokens: int
+    new_tokens: list[int]
+    text: str
+    seconds: float
+    tokens_per_s: float
+    max_cache_len: int
+    peak_rss_mb: float
+    max_position: int = 0  # the largest position the model was given
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["n_new_tokens"] = len(self.new_tokens)
+        return data
+
+
+class TextStream:
+    """Incremental detokenizer: decodes each new token against a few previous ones (O(1) per
+    token; keeps leading spaces and multi-byte characters right)."""
+
+    def __init__(self, tokenizer: Any) -> None:
+        self.tok = tokenizer
+        self.context: list[int] = []
+        self.pending: list[int] = []
+
+    def push(self, ids: Sequence[int], final: bool = False) -> str:
+        """Add tokens; return the text they complete (possibly empty)."""
+        self.pending += list(ids)
+        before = self.tok.decode(self.context, skip_special_tokens=True)
+        text = self.tok.decode(self.context + self.pending, skip_special_tokens=True)
+        new = text[len(before) :]
+        if new.endswith("\ufffd") and not final:  # an incomplete multi-byte character
+            return ""
+        self.context = (self.context + self.pending)[-4:]
+        self.pending = []
+        return new
+
+
+def next_token(logits: Tensor, temperature: float, generator: torch.Generator | None) -> Tensor:
+    """``logits`` (B, V) -> next tokens (B,): greedy at temperature 0, else sampled."""
+    if temperature == 0:
+        return logits.argmax(-1)
+    probs = torch.softmax(logits.double() / temperature, -1)
+    return torch.multinomial(probs.cpu(), 1, generator=generator)[:, 0].to(logits.device)
+
+
+def eos_ids(model: Any, tokenizer: Any) -> set[int]:
+    """End-of-sequence ids of the tokenizer and the model's generation config."""
+    ids = (
+        {tokenizer.eos_token_id} if getattr(tokenizer, "eos_token_id", None) is not None else set()
+    )
+    extra = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    ids |= set(extra) if isinstance(extra, list) else ({extra} if extra is not None else set())
+    return ids
+
+
+def read_chunked(
+    model: Any, cache: SinkCache, ids: Sequence[int], chunk: int, fit: bool = False
+) -> Tensor:
+    """Read ``ids`` into ``cache`` (one stream) in chunks below the position bound; ``fit``: make
+    room first (:meth:`SinkCache.evict_for_space`), so each chunk attends to at most
+    ``n_sink + window`` positions. -> logits of the last token (V,)."""
+    dev = _device(model)
+    if cache.max_position and cache.capacity is not None:
+        chunk = max(1, min(chunk, cache.max_position - cache.capacity))
+    if fit and cache.capacity is not None:
+        chunk = min(chunk, cache.config.window)
+    logits = None
+    for i in range(0, len(ids), chunk):
+        part = list(ids[i : i + chunk])
+        if fit:
+            cache.evict_for_space(len(part))
+        x = torch.tensor([part], device=dev)
+        logits = model(x, cache=cache, logits_to_keep=1, **cache.prepare(len(part))).logits
+    if logits is None:
+        raise SinklabError("nothing to read: the prompt has no tokens")
+    return logits[0, -1]
+
+
+@torch.inference_mode()
+def generate(
+    model: Any,
+    tokenizer: Any,
+    prompt_ids: Tensor,
+    config: GenerateConfig,
+    on_text: Callable[[str], None] | None = None,
+    on_token: Callable[[int], None] | None = None,
+) -> GenerateResult:
+    """Continue ``prompt_ids`` (T,) with a sink cache, positions bounded: -> the new tokens,
+    streamed to ``on_text`` as text pieces; ``on_token(n_generated)`` after each token."""
+    cache = SinkCache(model, CacheConfig("sink", config.n_sink, config.window))
+    prompt = torch.as_tensor(prompt_ids).reshape(-1).tolist()
+    if not prompt:
+        raise SinklabError("the prompt has no tokens; pass some text to continue")
+    gen = torch.Generator().manual_seed(config.seed)
+    stops = eos_ids(model, tokenizer) if config.stop_at_eos else set()
+    text, tokens = TextStream(tokenizer), []
+    most, peak, top = 0, _rss_mb(), 0
+    dev = _device(model)
+    start = time.perf_counter()
+    logits = read_chunked(model, cache, prompt, config.prefill_chunk)
+    while True:
+        tok = int(next_token(logits[None], config.temperature, gen)[0])
+        tokens.append(tok)
+        if on_text is not None and (piece := text.push([tok])):
+            on_text(piece)
+        if on_token is not None:
+            on_token(len(tokens))
+        if len(tokens) % _EVERY == 0:
+            peak = max(peak, _rss_mb())
+        if tok in stops or len(tokens) == config.max_new_tokens:
+            break
+        extra = cache.prepare(1)
+        top = max(top, int(extra["position_ids"].max()))
+        logits = model(torch.tensor([[tok]], device=dev), cache=cache, **extra).logits[0, -1]
+        most = max(most, cache.kept_length())
+    if on_text is not None and (piece := text.push([], final=True)):
+        on_text(piece)
+    seconds = time.perf_counter() - start
+    n = len(tokens)
+    return GenerateResult(
+        config,
+        len(prompt),
+        tokens,
+        tokenizer.decode(tokens, skip_special_tokens=True),
+        round(seconds, 3),
+        n / seconds if seconds > 0 else math.inf,
+        max(most, cache.kept_length()),
+        round(max(peak, _rss_mb()), 1),
+        top,
+    )
+
+
+class StreamBatch:
+    """Many independent streams decoded in one batch (one weight read per step for all):
+    ``add()`` a stream, ``feed({stream: ids})`` any of them (the others wait), ``remove(stream)``.
+    Row ``b``'s logits equal what the stream alone would give."""
+
+    def __init__(self, model: Any, config: CacheConfig, max_position: int | None = None) -> None:
+        self.model = model
+        self.cache = SinkCache(model, config, max_position)
+        self.cache.keep_streams([])  # no streams until added
+        self.ids: list[int] = []  # stream id of each batch row
+        self._next = 0
+
+    def add(self) -> int:
+        """A new, empty stream; returns its id."""
+        self.cache.add_streams(1)
+        self.ids.append(self._next)
+        self._next += 1
+        return self.ids[-1]
+
+    def remove(self, stream: int) -> None:
+        self.cache.keep_streams([b for b, s in enumerate(self.ids) if s != stream])
+        self.ids = [s for s in self.ids if s != stream]
+
+    @torch.inference_mode()
+    def feed(self, tokens: Mapping[int, Sequence[int]]) -> dict[int, Tensor]:
+        """Read each stream's ``tokens`` in one forward (left-padded to the longest) -> each fed
+        stream's logits (n, V) for its new tokens."""
+        unknown = set(tokens) - set(self.ids)
+        if unknown:
+            raise SinklabError(f"no such stream: {sorted(unknown)} (streams: {self.ids})")
+        counts = [len(tokens.get(s, ())) for s in self.ids]
+        q = max(counts, default=0)
+        x = torch.zeros(len(self.ids), q, dtype=torch.long)
+        for b, s in enumerate(self.ids):
+            if counts[b]:
+                x[b, q - counts[b] :] = torch.as_tensor(list(tokens[s]))
+        extra = self.cache.prepare(counts)
+        logits = self.model(x.to(_device(self.model)), cache=self.cache, **extra).logits
+        return {s: logits[b, q - counts[b] :] for b, s in enumerate(self.ids) if counts[b]}
