@@ -26,7 +26,8 @@ def test_each_experiment_end_to_end(tiny, tiny_tokenizer, tmp_path, name):
     calls = []
     res = run_experiment(name, tiny, tiny_tokenizer, ids, config, lambda d, t: calls.append(d))
     data = json.loads(json.dumps(res.to_json()))
-    assert data["experiment"] == name and data["meta"]["params"]["grid"] == 4
+    assert data["experiment"] == name and res.config.grid == 4
+    assert data["meta"] == {}  # a bare result: the caller attaches meta (sinklab.meta.attach_meta)
     assert data["conditions"] and isinstance(data["finding"], str) and "\n" not in data["finding"]
     assert calls
     res.save(tmp_path)

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from sinklab.cli import main
+from sinklab.meta import META_KEYS
 from sinklab.outputs import MARKER, output_dir
 
 WRITERS = ("probe", "stream", "ablate", "cost", "generate", "train", "report")
@@ -155,6 +156,10 @@ def test_interrupt_or_error_keeps_previous_output(
     code, _, err = run(capsys, args)
     assert code == 0, err
     assert json.loads((out / MARKER).read_text()) == {"command": command}
+    meta = json.loads((out / f"{command}.json").read_text())["meta"]  # the one provenance block
+    assert tuple(meta) == META_KEYS and meta["params"] and meta["seconds"] >= 0
+    assert (meta["model"] is None) == (command == "cost")
+    assert (meta["text"] is None) == (command in ("cost", "generate"))
     before = digest(out)
     monkeypatch.setattr(SABOTAGE[command], stop)
     code, _, err = run(capsys, args)

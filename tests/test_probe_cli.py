@@ -45,7 +45,9 @@ def test_probe_writes_json_and_figures(capsys, tmp_path: Path, tiny_model_dir):
     assert len(data["sink_mass"]) == 2 and len(data["sink_mass"][0]) == 4
     assert len(data["first_token_cosine"]) == 2
     meta = data["meta"]
-    assert meta["n_tokens"] == 48 and meta["q0"] == 2 and meta["eps"] == [0.3, 0.8]
+    params = meta["params"]  # one set of keys: the run's parameters only under params
+    assert params["tokens"] == 48 and params["q0"] == 2 and params["eps"] == [0.3, 0.8]
+    assert set(meta) == {"model", "text", "params", "versions", "machine", "seconds"}
     assert len(meta["text"]["sha256"]) == 64 and "versions" in meta and "seconds" in meta
     assert [e["tokens"] for e in data["by_length"]] == [16, 48]
     for name in ("sink_mass_heatmap", "layer_curves", "length_trend"):
@@ -64,7 +66,7 @@ def test_summary_is_computed_from_the_numbers():
     from sinklab.commands.probe import summary_lines
 
     data = {
-        "meta": {"params": {"q0": 0}, "n_tokens": 10, "model": {"name": "m"}},
+        "meta": {"params": {"q0": 0, "tokens": 10}, "model": {"name": "m"}},
         "sink_mass": [[0.0, 0.1], [0.5, 0.2], [0.9, 0.95]],
         "sink_rate": {"0.3": 0.5},
         "sink_positions": [{"position": 0, "mass": 0.4}],

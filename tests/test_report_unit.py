@@ -27,7 +27,7 @@ from sinklab.report.summary import (
 )
 
 PROBE = {
-    "meta": {"n_tokens": 512, "params": {"q0": 16}},
+    "meta": {"params": {"q0": 16, "tokens": 512, "eps": [0.3, 0.8]}},
     "sink_mass": [[0.0, 0.1], [0.2, 0.5], [0.9, 0.95]],
     "sink_rate": {"0.3": 0.5, "0.8": 1 / 3},
     "sink_positions": [{"position": 0, "mass": 0.61}, {"position": 7, "mass": 0.05}],
@@ -52,18 +52,31 @@ def test_probe_sentences_are_computed_from_numbers():
     )
 
 
+def test_thresholds_come_from_the_results_own_parameters():
+    probe = {**PROBE, "meta": {"params": {"q0": 0, "tokens": 64, "eps": [0.6]}}}
+    probe["sink_rate"] = {"0.6": 1 / 3}
+    rate, depth = (
+        sink_rate_sentence(probe, ReportConfig()),
+        sink_depth_sentence(probe, ReportConfig()),
+    )
+    assert "33% of the 6 heads" in rate and "more than 0.6 of their attention" in rate
+    assert "0.3" not in rate + depth and "0.8" not in rate and "sink mass > 0.6" in depth
+    assert "over 64 tokens with q0 = 0" in rate
+
+
 def test_length_and_stream_sentences():
     trend = {
+        "meta": {"params": {"eps": [0.3]}},
         "by_length": [
             {"tokens": 512, "sink_rate": {"0.3": 0.6}},
             {"tokens": 128, "sink_rate": {"0.3": 0.4}},
-        ]
+        ],
     }
     assert length_sentence(trend, ReportConfig()) == (
         "Context length: the sink rate rises from 40% at 128 tokens to 60% at 512 tokens."
     )
     stream = {
-        "meta": {"params": {"n_sink": 4, "window": 60}, "n_tokens": 600},
+        "meta": {"params": {"n_sink": 4, "window": 60, "n_tokens": 600}},
         "policies": {
             "sink": {"ppl": 30.0},
             "window": {"ppl": 90.0},

@@ -47,7 +47,7 @@ def test_every_policy_equals_no_cache_when_the_window_covers_the_stream(llama):
 def test_recompute_every_k_scores_every_kth_target_and_says_so(llama):
     ids = _ids(30)
     cfg = StreamConfig(("sink", "recompute"), 2, 6, 30, recompute_every=4, segment=10)
-    result = streaming_perplexity(llama, ids, cfg, meta=lambda s: {"seconds": s})
+    result = streaming_perplexity(llama, ids, cfg)
     rec, sink = result.policies["recompute"], result.policies["sink"]
     assert [i for i, x in enumerate(rec.nll) if not math.isnan(x)] == list(range(0, 29, 4))
     assert rec.n_scored == 8 and rec.recompute_every == 4 and rec.max_cache_len is None

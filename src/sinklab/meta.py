@@ -31,6 +31,38 @@ def versions() -> dict[str, str]:
     }
 
 
+META_KEYS = ("model", "text", "params", "versions", "machine", "seconds")
+
+
+def attach_meta(
+    result: Any,
+    model: ModelInfo | None,
+    text: Text | None,
+    params: Any,
+    seconds: float | None,
+) -> Any:
+    """Give ``result`` (an object with a ``meta`` field, or a result's JSON dict) the one
+    provenance block, with exactly :data:`META_KEYS` (None where one does not apply, e.g. the
+    model of a synthetic fit). ``params``: a dataclass config or a dict (a config's fields plus
+    the run's own inputs, such as ``tokens``). Every command and the report call this; libraries
+    return bare results. Returns ``result``."""
+    if is_dataclass(params):
+        params = asdict(params)
+    meta = {
+        "model": None if model is None else model.to_json(),
+        "text": None if text is None else text.to_json(),
+        "params": None if params is None else dict(params),
+        "versions": versions(),
+        "machine": {"nproc": os.cpu_count(), "platform": platform.platform()},
+        "seconds": None if seconds is None else round(float(seconds), 3),
+    }
+    if isinstance(result, dict):
+        result["meta"] = meta
+    else:
+        result.meta = meta
+    return result
+
+
 def build_meta(
     *,
     model: ModelInfo | None = None,

@@ -226,17 +226,15 @@ def streaming_perplexity(
     ids: Tensor,
     config: StreamConfig,
     callback: StreamCallback | None = None,
-    meta: Callable[[float], dict[str, Any]] | None = None,
 ) -> StreamResult:
     """Run every policy of ``config`` on ``ids`` (LongTensor (T,)), one after another.
 
-    ``callback(policy, done, total, running_ppl)`` reports progress; ``meta(seconds)`` builds the
-    result's ``meta`` block (the CLI passes :func:`sinklab.meta.build_meta` with model and text).
+    ``callback(policy, done, total, running_ppl)`` reports progress. The result's ``meta`` is the
+    caller's (:func:`sinklab.meta.attach_meta`).
     """
     ids = torch.as_tensor(ids).reshape(-1).long()
     if ids.numel() < 2:
         raise SinklabError(f"need at least 2 tokens to score one, got {ids.numel()}")
-    start = time.perf_counter()
     results: dict[str, PolicyResult] = {}
     for policy in config.policies:
         tick = None if callback is None else (lambda d, n, p, _p=policy: callback(_p, d, n, p))
@@ -267,10 +265,7 @@ def streaming_perplexity(
             recompute_every=config.recompute_every if policy == "recompute" else None,
         )
         log.info("%s: ppl %.2f, %.1f tok/s", policy, results[policy].ppl, scored / seconds)
-    seconds = time.perf_counter() - start
-    result = StreamResult(config, results)
-    result.meta = meta(seconds) if meta is not None else {"seconds": round(seconds, 3)}
-    return result
+    return StreamResult(config, results)
 
 
 # ------------------------------------------------------------------------------ generation

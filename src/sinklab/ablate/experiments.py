@@ -7,7 +7,6 @@ import itertools
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import asdict
 from typing import Any
 
 import torch
@@ -31,7 +30,6 @@ from sinklab.interventions import (
     intervene,
     jacobian_sensitivity,
 )
-from sinklab.meta import build_meta
 from sinklab.probe import ProbeConfig, ProbeResult, probe
 from sinklab.probe.metrics import HEAD_KINDS
 from sinklab.probe.spec import eps_key
@@ -347,7 +345,4 @@ def run_experiment(
     conditions, extra, finding = RUNNERS[name](model, tokenizer, ids, config, callback)
     seconds = time.perf_counter() - start
     log.info("ablate %s: %.1fs: %s", name, seconds, finding)
-    meta = build_meta(
-        n_tokens=int(ids.shape[-1]), params=asdict(config), seconds=seconds, experiment=name
-    )
-    return AblationResult(name, config, conditions, finding, extra, meta)
+    return AblationResult(name, config, conditions, finding, extra)  # meta: the caller's

@@ -21,7 +21,7 @@ def _title(data: dict[str, Any]) -> str:
     text = meta.get("text", {}).get("name", "text")
     p = meta.get("params", {})
     return (
-        f"{data.get('experiment')}: {model}, {text}, T={meta.get('n_tokens')}, "
+        f"{data.get('experiment')}: {model}, {text}, T={p.get('tokens')}, "
         f"q0={p.get('q0')}, eps={p.get('eps')}, seed={p.get('seed')}"
     )
 

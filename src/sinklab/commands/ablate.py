@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+from dataclasses import asdict
 from pathlib import Path
 from typing import Annotated
 
@@ -76,6 +78,7 @@ def ablate(
     from sinklab.ablate import AblationConfig, check_experiment, run_experiment
     from sinklab.ablate.core import model_shape
     from sinklab.corpus import documents, load_text, token_stream
+    from sinklab.meta import attach_meta
     from sinklab.models import load_model
     from sinklab.outputs import check_out, write_results
 
@@ -110,6 +113,7 @@ def ablate(
     import torch
 
     ids = torch.stack(rows)  # (B, T)
+    start = time.perf_counter()
     with progress(fmt is OutputFormat.text) as prog:
         task = prog.add_task(experiment, total=None, status="")
         result = run_experiment(
@@ -120,8 +124,8 @@ def ablate(
             config,
             callback=lambda done, total: prog.update(task, completed=done, total=total),
         )
-    result.meta.update(model=loaded.info.to_json(), text=txt.to_json())
-    data = result.to_json()
+    params = {**asdict(config), "experiment": experiment, "tokens": tokens, "texts": n_rows}
+    data = attach_meta(result, loaded.info, txt, params, time.perf_counter() - start).to_json()
 
     def figure(folder: Path) -> list[Path]:
         result.figure(folder / f"{experiment}.png")  # its numbers go to {experiment}.json beside

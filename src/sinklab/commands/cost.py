@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from enum import StrEnum
 from pathlib import Path
 from typing import Annotated
@@ -47,6 +48,7 @@ def cost(
     """
     from sinklab.lab.cost import DEFAULT_LENGTHS, TASKS, CostConfig, run_cost
     from sinklab.lab.plots import plot_cost
+    from sinklab.meta import attach_meta
     from sinklab.outputs import check_out, write_results
 
     tasks = TASKS if task is Task.both else (task.value,)
@@ -62,6 +64,7 @@ def cost(
         shared=shared,
     )
     out = check_out(out, "cost")
+    start = time.perf_counter()
     with progress(fmt is OutputFormat.text) as prog:
         bar = prog.add_task("fitting", total=len(ts) * len(tasks), status="")
         result = run_cost(
@@ -70,6 +73,7 @@ def cost(
                 prog.advance(bar) or prog.update(bar, status=f"{r['task']} T={r['T']}")
             ),
         )
+    attach_meta(result, None, None, config, time.perf_counter() - start)
     cos = result.rows[0]["mean_cosine"] if result.rows else 0.0
 
     def figure(folder: Path) -> list[Path]:

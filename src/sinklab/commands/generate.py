@@ -43,7 +43,7 @@ def generate(
     Example: sinklab generate --prompt "ROMEO:" --max-new-tokens 20000 --ignore-eos
     """
     from sinklab.corpus import read_text_file
-    from sinklab.meta import build_meta
+    from sinklab.meta import attach_meta
     from sinklab.models import load_model
     from sinklab.outputs import check_out, write_results
     from sinklab.streaming import GenerateConfig
@@ -87,7 +87,7 @@ def generate(
         status.stop()
     sys.stdout.write("\n")
     if out is not None:
-        result.meta = build_meta(model=loaded.info, params=config, seconds=result.seconds)
+        attach_meta(result, loaded.info, None, config, result.seconds)
         write_results(out, "generate", {"generate.json": result.to_json()})
     stderr.print(
         f"{len(result.new_tokens)} tokens, {result.tokens_per_s:.1f} tok/s, cache at most "

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from dataclasses import asdict
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -41,10 +42,11 @@ def summary_lines(data: dict[str, Any], eps: float, top: int = 5) -> list[str]:
     sm = data["sink_mass"]
     n_layers, n_heads = len(sm), len(sm[0])
     meta = data["meta"]
-    q0 = meta["params"]["q0"]
+    params = meta["params"]
+    q0 = params["q0"]
     rates = ", ".join(f"{v:.1%} at eps={k}" for k, v in data["sink_rate"].items())
     lines = [
-        f"{meta.get('model', {}).get('name', 'model')}: {meta['n_tokens']} tokens, "
+        f"{(meta['model'] or {}).get('name', 'model')}: {params['tokens']} tokens, "
         f"{n_layers} layers x {n_heads} heads, q0={q0}",
         f"sink rate (heads with sink mass > eps): {rates}",
     ]
@@ -105,7 +107,7 @@ def probe(
     Example: sinklab probe --tokens 1024 --q0 16 --lengths 128,512,2048 --out runs/probe
     """
     from sinklab.corpus import load_text, token_stream
-    from sinklab.meta import build_meta
+    from sinklab.meta import attach_meta
     from sinklab.models import load_model
     from sinklab.outputs import check_out, write_results
     from sinklab.probe import ProbeConfig, check_lengths, probe_lengths
@@ -156,22 +158,11 @@ def probe(
                 callback=lambda d, t: tick(d, t, info.n_layers, "lengths"),
                 known=result,
             )
-    seconds = time.perf_counter() - start
-    result.meta = build_meta(
-        model=info,
-        text=txt,
-        n_tokens=tokens,
-        params=config,
-        seconds=seconds,
-        tokens=tokens,
-        q0=q0,
-        eps=list(config.eps),
-        prepend=prepend,
-        lengths=ns,
-    )
     data = result.to_json()
     if trend is not None:
         data["by_length"] = trend.to_json()
+    params = {**asdict(config), "tokens": tokens, "lengths": ns, "prepend": prepend}
+    attach_meta(data, info, txt, params, time.perf_counter() - start)
     written = write_results(
         out,
         "probe",
@@ -190,7 +181,8 @@ def _figures(data: dict[str, Any], out: Path, model: str, text: str) -> list[Pat
     from sinklab.probe.plots import plot_layer_curves, plot_length_trend, plot_sink_heatmap
 
     meta = data["meta"]
-    tag = f"{model} | {text} | {meta['n_tokens']} tokens | q0={meta['q0']} | seed: none"
+    p = meta["params"]
+    tag = f"{model} | {text} | {p['tokens']} tokens | q0={p['q0']} | seed: none"
     paths = [out / "sink_mass_heatmap.png", out / "layer_curves.png"]
     plot_sink_heatmap(data["sink_mass"], paths[0], f"sink mass per layer and head\n{tag}")
     curves = {
@@ -203,7 +195,7 @@ def _figures(data: dict[str, Any], out: Path, model: str, text: str) -> list[Pat
     plot_layer_curves(curves, paths[1], f"per layer\n{tag}")
     if "by_length" in data:
         paths.append(out / "length_trend.png")
-        eps = ",".join(str(e) for e in meta["eps"])
+        eps = ",".join(str(e) for e in p["eps"])
         plot_length_trend(
             data["by_length"], paths[2], f"sinks vs context length (eps={eps})\n{tag}"
         )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import time
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -98,7 +99,7 @@ def stream(
 
     from sinklab.cache import CacheConfig, SinkCache
     from sinklab.corpus import load_text, token_stream
-    from sinklab.meta import build_meta
+    from sinklab.meta import attach_meta
     from sinklab.models import load_model
     from sinklab.outputs import check_out, write_results
     from sinklab.streaming import StreamConfig, streaming_perplexity
@@ -133,16 +134,9 @@ def stream(
             rate = f"{scored / elapsed:.1f}" if elapsed > 0 else ""
             bar.update(tasks[pol], completed=done, rate=rate, ppl=f"{ppl:.2f}")
 
-        result = streaming_perplexity(
-            loaded.model,
-            ids,
-            config,
-            callback,
-            meta=lambda s: build_meta(
-                model=loaded.info, text=txt, n_tokens=tokens, params=config, seconds=s
-            ),
-        )
-    data = result.to_json()
+        start = time.perf_counter()
+        result = streaming_perplexity(loaded.model, ids, config, callback)
+    data = attach_meta(result, loaded.info, txt, config, time.perf_counter() - start).to_json()
     title = f"Streaming perplexity ({loaded.info.name}, n_sink={n_sink}, window={window})"
     written = write_results(
         out,

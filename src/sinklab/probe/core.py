@@ -15,7 +15,6 @@ import torch
 from torch import Tensor, nn
 
 from sinklab.errors import SinklabError
-from sinklab.meta import build_meta
 from sinklab.probe.capture import HiddenCapture, ProbeCapture, decoder_layers
 from sinklab.probe.spec import BY_NAME, names
 from sinklab.rotary import text_config
@@ -174,7 +173,6 @@ def probe(
         config=config,
         n_tokens=n_tokens,
         **values,
-        meta=build_meta(n_tokens=n_tokens, params=config, seconds=seconds),
     )
     log.info("probe: %d tokens, %d layers x %d heads, %.1fs", n_tokens, n_layers, n_heads, seconds)
     return result

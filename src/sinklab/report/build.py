@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from sinklab.corpus import Text
-from sinklab.meta import build_meta, versions, write_json_atomic
+from sinklab.meta import attach_meta, versions, write_json_atomic
 from sinklab.models import LoadedModel
 from sinklab.outputs import check_out, output_dir
 from sinklab.report.html import render_page
@@ -137,16 +137,12 @@ def _build_in(
     seconds = time.perf_counter() - start
     summary = headline(results, config)
     data = {
-        "meta": build_meta(
-            model=loaded.info,
-            text=text,
-            params=config,
-            seconds=seconds,
-            report={"quick": config.quick, "stages": [s.name for s in stages]},
-        ),
+        "meta": None,  # attach_meta below
         "summary": summary,
         "stages": {r.name: r.to_json(tmp) for r in results},
     }
+    params = {**asdict(config), "stages": [s.name for s in stages]}
+    attach_meta(data, loaded.info, text, params, seconds)
     write_json_atomic(tmp / "results.json", data)
     n_ok = sum(r.status == "ok" for r in results)
     title = f"sinklab report: {loaded.info.name}"

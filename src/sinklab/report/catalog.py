@@ -8,10 +8,13 @@ own section. Costs are rough seconds on SmolLM2 with 2 cores, used only for the 
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
+from dataclasses import asdict
 from typing import Any
 
 from sinklab.errors import SinklabError
+from sinklab.meta import attach_meta
 from sinklab.report import figures
 from sinklab.report.stages import (
     Cell,
@@ -68,7 +71,8 @@ def _probe_command(ctx: StageContext) -> list[str]:
 def _probe_config(ctx: StageContext) -> Any:
     from sinklab.probe import ProbeConfig
 
-    return ProbeConfig(q0=ctx.config.q0)  # eps: the library's (0.3, 0.8), both reported
+    eps = ctx.config.eps  # the page's threshold first; Barbero et al.'s stricter 0.8 beside it
+    return ProbeConfig(q0=ctx.config.q0, eps=(eps, 0.8) if eps < 0.8 else (eps,))
 
 
 def _layer_progress(ctx: StageContext):
@@ -82,10 +86,14 @@ def _run_probe(ctx: StageContext) -> StageOutput:
     from sinklab.probe import probe
 
     p = _probe_params(ctx)
-    result = probe(ctx.loaded.model, ctx.ids(p["tokens"]), _probe_config(ctx), _layer_progress(ctx))
+    config = _probe_config(ctx)
+    start = time.perf_counter()
+    result = probe(ctx.loaded.model, ctx.ids(p["tokens"]), config, _layer_progress(ctx))
     data = result.to_json()
+    params = {**asdict(config), "tokens": p["tokens"]}
+    attach_meta(data, ctx.loaded.info, ctx.text, params, time.perf_counter() - start)
     ctx.shared["probe"] = result
-    return StageOutput(data, _probe_figures(ctx, data), _probe_tables(data, ctx.config.eps))
+    return StageOutput(data, _probe_figures(ctx, data), _probe_tables(data))
 
 
 def _probe_figures(ctx: StageContext, data: dict[str, Any]) -> list[FigureSpec]:
@@ -122,7 +130,7 @@ def _probe_figures(ctx: StageContext, data: dict[str, Any]) -> list[FigureSpec]:
     ]
 
 
-def _probe_tables(data: dict[str, Any], eps: float) -> list[TableSpec]:
+def _probe_tables(data: dict[str, Any]) -> list[TableSpec]:
     rates = TableSpec(
         "Sink rate: share of all (layer, head) pairs whose sink mass exceeds eps",
         ("eps", "sink rate"),
@@ -215,12 +223,12 @@ def _probe_lengths_command(ctx: StageContext) -> list[str]:
 
 
 def _run_probe_lengths(ctx: StageContext) -> StageOutput:
-    from sinklab.meta import build_meta
     from sinklab.probe import probe_lengths
 
     p = _probe_lengths_params(ctx)
     config = _probe_config(ctx)
     known = ctx.shared.get("probe")
+    start = time.perf_counter()
     trend = probe_lengths(
         ctx.loaded.model,
         ctx.ids(max(p["lengths"])),
@@ -229,7 +237,9 @@ def _run_probe_lengths(ctx: StageContext) -> StageOutput:
         _layer_progress(ctx),
         known=known,
     )
-    data = {"meta": build_meta(params=config), "by_length": trend.to_json()}
+    data = {"meta": None, "by_length": trend.to_json()}
+    params = {**asdict(config), "lengths": p["lengths"]}
+    attach_meta(data, ctx.loaded.info, ctx.text, params, time.perf_counter() - start)
     rows = data["by_length"]
     keys = sorted(rows[0]["sink_rate"])
     d, name = ctx.figures_dir, ctx.loaded.info.name

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import time
+from dataclasses import asdict
 from typing import Any
 
+from sinklab.meta import attach_meta
 from sinklab.report import figures
 from sinklab.report.stages import (
     Cell,
@@ -107,8 +110,11 @@ def _run(name: str):
         def callback(done: int, total: int) -> None:
             ctx.progress(done / max(1, total), f"condition {done}/{total}")
 
+        start = time.perf_counter()
         result = run_experiment(name, ctx.loaded.model, ctx.loaded.tokenizer, ids, config, callback)
-        result.meta.update(model=ctx.loaded.info.to_json(), text=ctx.text.to_json())
+        texts = int(ids.shape[0]) if ids.ndim == 2 else 1
+        params = {**asdict(config), "experiment": name, "tokens": n, "texts": texts}
+        attach_meta(result, ctx.loaded.info, ctx.text, params, time.perf_counter() - start)
         data = result.to_json()
         png = ctx.figures_dir / f"{name}.png"
         result.figure(png)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import time
 from typing import Any
 
 from sinklab.report import figures
@@ -56,7 +57,7 @@ def _command(ctx: StageContext) -> list[str]:
 
 
 def _run(ctx: StageContext) -> StageOutput:
-    from sinklab.meta import build_meta
+    from sinklab.meta import attach_meta
     from sinklab.streaming import StreamConfig, streaming_perplexity
 
     p = _params(ctx)
@@ -75,19 +76,9 @@ def _run(ctx: StageContext) -> StageOutput:
         frac = (before + weights[policy] * done / max(1, n)) / total
         ctx.progress(frac, f"{policy} {done}/{n} ppl {ppl:.1f}")
 
-    result = streaming_perplexity(
-        ctx.loaded.model,
-        ctx.ids(p["tokens"]),
-        config,
-        callback,
-        meta=lambda seconds: build_meta(
-            model=ctx.loaded.info,
-            text=ctx.text,
-            n_tokens=p["tokens"],
-            params=config,
-            seconds=seconds,
-        ),
-    )
+    start = time.perf_counter()
+    result = streaming_perplexity(ctx.loaded.model, ctx.ids(p["tokens"]), config, callback)
+    attach_meta(result, ctx.loaded.info, ctx.text, config, time.perf_counter() - start)
     data = result.to_json()
     return StageOutput(data, [_figure(ctx, data)], [_table(data)], _notes(data))
 

@@ -43,24 +43,29 @@ def _ranges(layers: Sequence[int]) -> str:
     return ", ".join(out)
 
 
+def _eps(data: dict[str, Any]) -> list[float]:
+    """The thresholds the result was computed with (its own ``meta.params.eps``), main first."""
+    return [float(e) for e in data["meta"]["params"]["eps"]]
+
+
 def sink_rate_sentence(probe: dict[str, Any], config: ReportConfig) -> str:
     mass = probe["sink_mass"]
     n_heads = sum(len(row) for row in mass)
     rate = probe["sink_rate"]
-    meta = probe.get("meta", {})
-    tokens = meta.get("n_tokens") or meta.get("tokens") or config.probe_tokens
-    q0 = meta.get("q0", meta.get("params", {}).get("q0", config.q0))
+    params = probe["meta"]["params"]
+    main, *stricter = _eps(probe)
+    also = "".join(f" ({_pct(rate[f'{e:g}'])} put more than {e:g})" for e in stricter)
     return (
-        f"Sink rate: {_pct(rate['0.3'])} of the {n_heads} heads "
-        f"({len(mass)} layers x {len(mass[0])}) are sink heads, putting more than 0.3 of "
-        f"their attention on the first token "
-        f"({_pct(rate['0.8'])} put more than 0.8), over {tokens} tokens with q0 = {q0}."
+        f"Sink rate: {_pct(rate[f'{main:g}'])} of the {n_heads} heads "
+        f"({len(mass)} layers x {len(mass[0])}) are sink heads, putting more than {main:g} of "
+        f"their attention on the first token{also}, over {params['tokens']} tokens with "
+        f"q0 = {params['q0']}."
     )
 
 
 def sink_depth_sentence(probe: dict[str, Any], config: ReportConfig) -> str:
     mass = probe["sink_mass"]
-    eps = config.eps
+    eps = _eps(probe)[0]
     share = [sum(m > eps for m in row) / len(row) for row in mass]
     none = [layer for layer, s in enumerate(share) if s == 0]
     if len(none) == len(share):
@@ -93,12 +98,8 @@ def sink_positions_sentence(probe: dict[str, Any], config: ReportConfig) -> str 
     )
 
 
-def _position(entry: Any) -> tuple[int, float]:
-    if isinstance(entry, dict):
-        pos = entry.get("key_pos", entry.get("position"))
-        val = entry.get("mean_attention", entry.get("attention", entry.get("mass")))
-        return int(pos), float(val)
-    return int(entry[0]), float(entry[1])
+def _position(entry: dict[str, Any]) -> tuple[int, float]:
+    return int(entry["position"]), float(entry["mass"])
 
 
 def length_sentence(lengths: dict[str, Any], config: ReportConfig) -> str | None:
@@ -107,7 +108,8 @@ def length_sentence(lengths: dict[str, Any], config: ReportConfig) -> str | None
         return None
     a, b = rows[0], rows[-1]
     t0, t1 = a["tokens"], b["tokens"]
-    ra, rb = a["sink_rate"]["0.3"], b["sink_rate"]["0.3"]
+    key = f"{_eps(lengths)[0]:g}"
+    ra, rb = a["sink_rate"][key], b["sink_rate"][key]
     if abs(rb - ra) <= 0.01:
         return f"Context length: the sink rate stays near {_pct(rb)} from {t0} to {t1} tokens."
     verb = "rises" if rb > ra else "falls"
@@ -122,10 +124,8 @@ def stream_sentence(stream: dict[str, Any], config: ReportConfig) -> str | None:
     ppl = {k: float(v["ppl"]) for k, v in pol.items()}
     if "sink" not in ppl or "window" not in ppl:
         return None
-    params = stream.get("meta", {}).get("params", {})
-    n_sink = params.get("n_sink", config.n_sink)
-    window = params.get("window", config.window)
-    tokens = stream.get("meta", {}).get("n_tokens", len(pol["sink"].get("nll", [])) + 1)
+    params = stream["meta"]["params"]
+    n_sink, window, tokens = params["n_sink"], params["window"], params["n_tokens"]
     ratio = ppl["window"] / ppl["sink"]
     verdict = "worse" if ratio > 1.05 else "better" if ratio < 0.95 else "about the same"
     out = (
