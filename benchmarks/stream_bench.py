@@ -48,7 +48,67 @@ def summarize(nll: list[float], ms: list[float], rss: dict, n_tokens: int) -> di
     }
 
 
+def method_worker(spec: dict) -> dict:
+    """One policy by ``spec["method"]`` (step | chunked) through the library's own loop; the
+    per-token NLLs so far go to ``spec["progress"]`` every ``spec["every"]`` tokens (atomically)."""
+    import torch
+
+    from sinklab.cache import CacheConfig
+    from sinklab.chunked import chunked_nll
+    from sinklab.models import load_model
+    from sinklab.streaming import rss_mb, stream_nll
+
+    torch.set_num_threads(spec["threads"])
+    model = load_model(spec.get("model")).model
+    ids = torch.tensor(json.loads(Path(spec["ids"]).read_text()))
+    cfg = CacheConfig(spec["policy"], spec["n_sink"], spec["window"])
+    nll = torch.full((ids.numel() - 1,), math.nan, dtype=torch.float64)
+    start, every, last = time.perf_counter(), spec.get("every", 500), [0]
+
+    def tick(done: int, n: int, ppl: float) -> None:
+        if spec.get("progress") and (done - last[0] >= every or done == n):
+            last[0] = done
+            tmp = Path(spec["progress"] + ".tmp")
+            seconds = time.perf_counter() - start
+            tmp.write_text(
+                json.dumps(
+                    {
+                        "done": done,
+                        "seconds": seconds,
+                        "nll": nll[:done].tolist(),
+                        "loadavg_1m": os.getloadavg()[0],
+                    }
+                )
+            )
+            tmp.replace(spec["progress"])
+
+    if spec["method"] == "step":
+        _, most, peak = stream_nll(model, ids, cfg, tick, out=nll)
+    else:
+        got, most, peak = chunked_nll(model, ids, cfg, spec.get("chunk", 256), None, rss_mb)
+        nll[:] = got
+        tick(nll.numel(), nll.numel(), 0.0)
+    seconds = time.perf_counter() - start
+    save_nll(spec, list(range(1, nll.numel() + 1)), nll.tolist())
+    return {
+        "method": spec["method"],
+        "policy": spec["policy"],
+        "ppl": math.exp(float(nll.mean())),
+        "n_scored": nll.numel(),
+        "seconds": round(seconds, 1),
+        "ms_per_token": round(1e3 * seconds / nll.numel(), 2),
+        "max_cache_len": most,
+        "peak_rss_mb": {
+            "sampled": round(peak, 1),
+            "ru_maxrss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        },
+        "loadavg_1m_end": os.getloadavg()[0],
+    }
+
+
 def worker(spec: dict) -> dict:
+    if spec.get("kind") == "method":
+        return method_worker(spec)
     import torch
     from transformers import DynamicCache
 

@@ -14,6 +14,12 @@ Protocol (Xiao et al., StreamingLLM): feed the text one token at a time; after r
   keys and values are recomputed in the current context. ``--n-sink 0`` is not allowed, so the
   paper's sink-less "sliding window with re-computation" is not offered. Slow: ``recompute_every
   K`` scores every K-th target only (``nll`` is NaN elsewhere), and the JSON says so.
+
+Two methods compute the same NLLs (``StreamConfig.method``): ``step`` feeds one token per forward
+through a :class:`~sinklab.cache.SinkCache` and runs the oracle one target per forward (the
+reference); ``chunked`` (the default) reads ``chunk`` tokens per forward with a per-query band
+mask and re-indexed sinks (:mod:`sinklab.chunked`, exact: every token sees what it would have
+seen token by token) and batches the oracle's windows (:mod:`sinklab.oracle`).
 """
 
 from __future__ import annotations
@@ -30,14 +36,19 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from sinklab.cache import POLICIES, CacheConfig, SinkCache, kept_positions
+from sinklab.cache import POLICIES, CacheConfig, SinkCache
+from sinklab.chunked import DEFAULT_CHUNK, chunked_nll
 from sinklab.errors import SinklabError
+from sinklab.oracle import recompute_nll, recompute_nll_batched
+
+__all__ = ["METHODS", "StreamConfig", "recompute_nll", "recompute_nll_batched", "stream_nll"]
 
 log = logging.getLogger(__name__)
 
 #: callback(policy, done, total, running_ppl): called every few tokens and at the end
 StreamCallback = Callable[[str, int, int, float], None]
 _EVERY = 16  # callback / RSS sampling period, in tokens
+METHODS = ("chunked", "step")  # same NLLs; step is the token-by-token reference
 
 
 @dataclass(frozen=True)
@@ -51,8 +62,13 @@ class StreamConfig:
     recompute_every: int = 1  # score the recompute oracle on every K-th target only
     probe_tokens: int = 256  # sink-auto: prefix on which sinks are measured
     segment: int = 1000  # tokens per entry of segment_ppl
+    method: str = "chunked"  # chunked (C queries per forward) | step (one token per forward)
+    chunk: int = DEFAULT_CHUNK  # chunked: queries per forward
+    oracle_batch: int = 16  # chunked: recompute windows per forward (step: one at a time)
 
     def __post_init__(self) -> None:
+        if self.method not in METHODS:
+            raise SinklabError(f"unknown method {self.method!r}; choose from {', '.join(METHODS)}")
         bad = [p for p in self.policies if p not in POLICIES]
         if not self.policies or bad:
             raise SinklabError(
@@ -64,6 +80,8 @@ class StreamConfig:
             "recompute_every": self.recompute_every,
             "probe_tokens": self.probe_tokens,
             "segment": self.segment,
+            "chunk": self.chunk,
+            "oracle_batch": self.oracle_batch,
         }
         for name, value in sizes.items():
             if value < 1:
@@ -158,12 +176,14 @@ def stream_nll(
     ids: Tensor,
     cache_config: CacheConfig,
     callback: Callable[[int, int, float], None] | None = None,
+    out: Tensor | None = None,
 ) -> tuple[Tensor, int, float]:
     """Token by token through a :class:`SinkCache`: ``ids`` (T,) -> (nll (T-1,), most positions
-    cached, peak sampled RSS MiB)."""
+    cached, peak sampled RSS MiB). ``out`` (T-1,) float64, if given, is filled as it goes (a
+    caller's callback can read the NLLs so far)."""
     cache = SinkCache(model, cache_config)
     dev, n = _device(model), ids.numel() - 1
-    nll = torch.empty(n, dtype=torch.float64)
+    nll = torch.empty(n, dtype=torch.float64) if out is None else out
     total, most, peak = 0.0, 0, rss_mb()
     for t in range(n):
         out = model(ids[t : t + 1].view(1, 1).to(dev), cache=cache, **cache.prepare(1))
@@ -175,36 +195,6 @@ def stream_nll(
             if callback is not None:
                 callback(t + 1, n, math.exp(total / (t + 1)))
     return nll, most, peak
-
-
-@torch.inference_mode()
-def recompute_nll(
-    model: Any,
-    ids: Tensor,
-    n_sink: int,
-    window: int,
-    every: int = 1,
-    callback: Callable[[int, int, float], None] | None = None,
-) -> tuple[Tensor, int, float]:
-    """The oracle: for targets ``t + 1`` with ``t % every == 0``, a fresh forward over the tokens
-    the sink cache keeps before ``t`` plus ``t`` itself. -> (nll (T-1,) NaN where unscored,
-    longest context, peak sampled RSS MiB)."""
-    dev, n = _device(model), ids.numel() - 1
-    nll = torch.full((n,), math.nan, dtype=torch.float64)
-    sinks = tuple(range(n_sink))
-    targets = range(0, n, every)
-    total, longest, peak = 0.0, 0, rss_mb()
-    for i, t in enumerate(targets):
-        ctx = [*kept_positions(t, sinks, window), t]
-        out = model(ids[ctx].view(1, -1).to(dev), use_cache=False, logits_to_keep=1)
-        nll[t] = _target_nll(out.logits[0, -1], int(ids[t + 1]))
-        total += float(nll[t])
-        longest = max(longest, len(ctx))
-        if (i + 1) % max(1, _EVERY // every) == 0 or i + 1 == len(targets):
-            peak = max(peak, rss_mb())
-            if callback is not None:
-                callback(t + 1, n, math.exp(total / (i + 1)))
-    return nll, longest, peak
 
 
 def choose_sinks(model: Any, prefix: Tensor, n_sink: int) -> tuple[int, ...]:
@@ -240,16 +230,23 @@ def streaming_perplexity(
         tick = None if callback is None else (lambda d, n, p, _p=policy: callback(_p, d, n, p))
         sinks: tuple[int, ...] | None = None
         t0 = time.perf_counter()
+        chunked = config.method == "chunked"
         if policy == "recompute":
-            nll, _, peak = recompute_nll(
-                model, ids, config.n_sink, config.window, config.recompute_every, tick
-            )
+            args = (model, ids, config.n_sink, config.window, config.recompute_every)
+            if chunked:
+                nll, _, peak = recompute_nll_batched(*args, config.oracle_batch, tick, rss_mb)
+            else:
+                nll, _, peak = recompute_nll(*args, tick, rss_mb)
             most = None
         else:
             if policy == "sink-auto":
                 n_probe = min(config.probe_tokens, config.n_sink + config.window, ids.numel())
                 sinks = choose_sinks(model, ids[:n_probe], config.n_sink)
-            nll, most, peak = stream_nll(model, ids, config.cache_config(policy, sinks), tick)
+            cache_config = config.cache_config(policy, sinks)
+            if chunked:
+                nll, most, peak = chunked_nll(model, ids, cache_config, config.chunk, tick, rss_mb)
+            else:
+                nll, most, peak = stream_nll(model, ids, cache_config, tick)
         seconds = time.perf_counter() - t0
         scored = int((~nll.isnan()).sum())
         results[policy] = PolicyResult(

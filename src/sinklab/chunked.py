@@ -1,0 +1,284 @@
+"""Chunked streaming evaluation: StreamingLLM's token-by-token NLLs, computed C queries at a time.
+
+Why it is exact. In the step loop (:func:`sinklab.streaming.stream_nll`) every token's keys and
+values at every layer are computed once, when it is read, from what it attended to then: the kept
+positions plus itself, at cache-relative positions. With the sink cache, what query ``t`` reads is
+
+* the contiguous run ``lo(t) .. t`` (the recent window, any sink inside it, and ``t`` itself), at
+  the distances ``t - p`` the text gives them, and
+* the sinks before ``lo(t)`` ("detached"), sink ``j`` (j-th smallest) at cache index ``j``, so at
+  distance ``n_kept(t) - j`` from the query (``n_kept(t) = n_sb(t) + t - lo(t)``, with ``n_sb``
+  the number of detached sinks).
+
+So one forward over a chunk of queries ``t0 .. t1-1`` gives the same keys, values and logits
+when each query row gets its own band mask ``lo(t) <= p <= t`` over the stored recent keys plus
+the chunk, and the detached sinks are scored with the query rotated back by
+``off(t) = lo(t) - n_sb(t)`` positions against the sink keys rotated to their indices ``j``
+(a RoPE score depends only on the difference of positions). The model runs its own forward at the
+stream's positions (as the step loop does); only attention goes through the function registered
+here with transformers' ``AttentionInterface`` (:data:`BAND_ATTN`), and the rotation is
+:class:`sinklab.rotary.Rope`'s. Memory: the kept keys and values (the recent window and the sinks
+per layer) plus one chunk's ``C x (kept + C)`` scores; never ``T x T``. ``dense`` keeps every key
+(as its cache does) and scores ``C x t`` per chunk.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from sinklab.cache import CacheConfig, SinkCache
+from sinklab.errors import SinklabError
+from sinklab.rotary import Rope, text_config
+
+BAND_ATTN = "sinklab_band"
+DEFAULT_CHUNK = 256  # queries per forward
+
+
+# ------------------------------------------------------------------ the plan (pure, positions)
+def window_starts(t0: int, t1: int, sinks: tuple[int, ...], recent: int | None) -> Tensor:
+    """``lo(t)`` for ``t`` in ``t0..t1-1``: query ``t`` reads the contiguous run ``lo(t)..t`` and
+    the sinks before ``lo(t)``. (``kept_positions(t, sinks, recent)`` = sinks < lo + lo..t-1.)"""
+    t = torch.arange(t0, t1)
+    if recent is None:
+        return torch.zeros_like(t)
+    sink_t = torch.tensor(sorted(sinks), dtype=torch.long)
+    n_sinks_before = (sink_t[None, :] < t[:, None]).sum(1)
+    n_other = t - n_sinks_before  # non-sink positions before t
+    every = torch.arange(max(t1, 1))
+    others = every[~torch.isin(every, sink_t)]  # non-sink positions in stream order
+    others = torch.cat((others, torch.zeros(1, dtype=torch.long)))  # never empty
+    evicted = n_other > recent
+    idx = (n_other - recent).clamp(min=0)
+    return torch.where(evicted, others[idx.clamp(max=others.numel() - 1)], torch.zeros_like(t))
+
+
+@dataclass
+class ChunkPlan:
+    """What every layer does for the chunk ``t0..t1-1`` (planned once, shared by all layers)."""
+
+    t0: int
+    t1: int
+    p0: int  # first stored recent position (keys p0..t0-1 are kept from earlier chunks)
+    p0_next: int  # first position the next chunk still needs
+    band: Tensor  # bool (C, t1 - p0): query row may read key p0 + k
+    sinks: list[int]  # sink positions < t1 (all have a stored, re-indexed key after this plan)
+    new_sinks: list[int]  # those read in this chunk
+    sink_mask: Tensor | None  # bool (C, S): sink j is detached for the row (None: none is)
+    off: Tensor | None  # (C,) positions the query is rotated back by to score the sinks
+
+
+def plan_chunk(t0: int, t1: int, p0: int, sinks: tuple[int, ...], recent: int | None) -> ChunkPlan:
+    lo = window_starts(t0, t1 + 1, sinks, recent)
+    lo, lo_next = lo[:-1], int(lo[-1])
+    t = torch.arange(t0, t1)
+    kpos = torch.arange(p0, t1)
+    band = (kpos[None, :] >= lo[:, None]) & (kpos[None, :] <= t[:, None])
+    seen = [s for s in sorted(sinks) if s < t1]
+    new = [s for s in seen if s >= t0]
+    sink_mask = off = None
+    if seen:
+        st = torch.tensor(seen)
+        detached = st[None, :] < lo[:, None]  # (C, S)
+        if bool(detached.any()):
+            sink_mask, off = detached, lo - detached.sum(1)
+    return ChunkPlan(t0, t1, p0, lo_next, band, seen, new, sink_mask, off)
+
+
+# ------------------------------------------------------------------ per-layer state
+class BandState:
+    """The kept keys/values of every layer between chunks: recent positions ``p0..t0-1`` (as the
+    model rotated them, at their own positions) and the sinks (rotated to their indices j)."""
+
+    def __init__(self, rope: Rope, n_layers: int) -> None:
+        self.rope = rope
+        self.k: list[Tensor | None] = [None] * n_layers
+        self.v: list[Tensor | None] = [None] * n_layers
+        self.sink_k: list[Tensor | None] = [None] * n_layers
+        self.sink_v: list[Tensor | None] = [None] * n_layers
+        self.plan: ChunkPlan | None = None
+
+    def kept_bytes(self) -> int:
+        tensors = [*self.k, *self.v, *self.sink_k, *self.sink_v]
+        return sum(x.numel() * x.element_size() for x in tensors if x is not None)
+
+    def attend(
+        self,
+        layer: int,
+        query: Tensor,
+        key: Tensor,
+        value: Tensor,
+        scale: float,
+        softcap: float | None,
+    ) -> Tensor:
+        """query (B, H, C, D), key/value (B, Hkv, C, D) of the chunk -> output (B, H, C, D)."""
+        plan = self.plan
+        assert plan is not None, "no chunk planned"
+        if plan.new_sinks:  # index j among all sinks; shift from own position s to j
+            j0 = len(plan.sinks) - len(plan.new_sinks)
+            at = torch.tensor([s - plan.t0 for s in plan.new_sinks], device=key.device)
+            nk, nv = key.index_select(-2, at), value.index_select(-2, at)
+            delta = torch.tensor([j0 + i - s for i, s in enumerate(plan.new_sinks)])
+            if bool(delta.any()):
+                nk = self.rope.shift(nk, delta)
+            old_k, old_v = self.sink_k[layer], self.sink_v[layer]
+            self.sink_k[layer] = nk if old_k is None else torch.cat((old_k, nk), -2)
+            self.sink_v[layer] = nv if old_v is None else torch.cat((old_v, nv), -2)
+        past_k, past_v = self.k[layer], self.v[layer]
+        kb = key if past_k is None else torch.cat((past_k, key), -2)  # positions p0..t1-1
+        vb = value if past_v is None else torch.cat((past_v, value), -2)
+        keep = plan.p0_next - plan.p0
+        self.k[layer], self.v[layer] = kb[:, :, keep:], vb[:, :, keep:]
+        band = plan.band.to(query.device)
+        if plan.sink_mask is None and softcap is None:
+            out = F.scaled_dot_product_attention(
+                query, kb, vb, attn_mask=band, scale=scale, enable_gqa=True
+            )
+            return out
+        return self._attend_with_sinks(layer, query, kb, vb, band, scale, softcap)
+
+    def _attend_with_sinks(self, layer, query, kb, vb, band, scale, softcap) -> Tensor:
+        plan = self.plan
+        b, h, c, d = query.shape
+        hkv = kb.shape[1]
+        grouped = (b, hkv, (h // hkv) * c, d)  # query head h reads kv head h // (H / Hkv)
+        scores = (query * scale).reshape(grouped) @ kb.transpose(-1, -2)  # (B, Hkv, r*C, K)
+        masks, values = [band], [vb]
+        if plan.sink_mask is not None:
+            sk, sv = self.sink_k[layer], self.sink_v[layer]
+            assert sk is not None and sv is not None and plan.off is not None
+            qs = self.rope.shift(query * scale, -plan.off)  # each row at position n_kept(t)
+            sink_scores = qs.reshape(grouped) @ sk.transpose(-1, -2)  # (B, Hkv, r*C, S)
+            scores = torch.cat((sink_scores, scores), -1)
+            masks, values = [plan.sink_mask.to(query.device), band], [sv, vb]
+        mask = torch.cat(masks, -1).repeat(h // hkv, 1)  # (r*C, S + K)
+        if softcap is not None:
+            scores = softcap * torch.tanh(scores / softcap)
+        work = torch.promote_types(scores.dtype, torch.float32)
+        weights = scores.masked_fill(~mask, float("-inf")).softmax(-1, dtype=work)
+        weights = weights.to(vb.dtype)
+        out = weights @ torch.cat(values, -2)  # (B, Hkv, r*C, D)
+        return out.reshape(b, h, c, d)
+
+
+# ------------------------------------------------------------------ the registered function
+_STATES: dict[int, tuple[BandState, int]] = {}  # id(attention module) -> (state, layer)
+
+
+def band_attention_forward(
+    module: nn.Module,
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    attention_mask: Tensor | None,
+    scaling: float | None = None,
+    dropout: float = 0.0,
+    **kwargs: Any,
+) -> tuple[Tensor, None]:
+    """The function registered as :data:`BAND_ATTN`: ``(output (B, C, H, D), None)``."""
+    bound = _STATES.get(id(module))
+    if bound is None:
+        raise SinklabError(f"{BAND_ATTN} attention used outside sinklab.chunked.band_attention")
+    state, layer = bound
+    if kwargs.get("s_aux") is not None or getattr(module, "attention_variant", "softmax") != (
+        "softmax"
+    ):
+        raise SinklabError("chunked streaming supports softmax attention only; use --method step")
+    scale = scaling if scaling is not None else 1.0 / math.sqrt(query.shape[-1])
+    out = state.attend(layer, query, key, value, scale, kwargs.get("softcap"))
+    return out.transpose(1, 2).contiguous(), None
+
+
+def register() -> None:
+    """Register :data:`BAND_ATTN` with transformers (idempotent)."""
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+    AttentionInterface.register(BAND_ATTN, band_attention_forward)
+    AttentionMaskInterface.register(BAND_ATTN, sdpa_mask)  # the model's own mask is unused
+
+
+def _attention_layers(model: nn.Module) -> list[tuple[nn.Module, int]]:
+    return [
+        (m, int(m.layer_idx))
+        for m in model.modules()
+        if hasattr(m, "layer_idx") and hasattr(m, "config") and hasattr(m, "o_proj")
+    ]
+
+
+@contextmanager
+def band_attention(model: nn.Module, state: BandState) -> Iterator[nn.Module]:
+    """Route ``model``'s attention through :data:`BAND_ATTN` with ``state``; restore on exit."""
+    from sinklab.hooks import check_supported
+
+    register()
+    check_supported(model)
+    layers = _attention_layers(model)
+    if not layers:
+        raise SinklabError(f"no attention layers found in {type(model).__name__}")
+    previous = model.config._attn_implementation
+    for m, i in layers:
+        _STATES[id(m)] = (state, i)
+    try:
+        model.set_attn_implementation(BAND_ATTN)
+        yield model
+    finally:
+        for m, _ in layers:
+            _STATES.pop(id(m), None)
+        model.set_attn_implementation(previous)
+
+
+# ------------------------------------------------------------------ the loop
+def most_kept(n_seen: int, sinks: tuple[int, ...], recent: int | None) -> int:
+    """``len(kept_positions(n_seen, sinks, recent))`` without listing them (it never shrinks)."""
+    if recent is None:
+        return n_seen
+    n_sinks = sum(1 for s in sinks if s < n_seen)
+    return n_sinks + min(recent, n_seen - n_sinks)
+
+
+@torch.inference_mode()
+def chunked_nll(
+    model: Any,
+    ids: Tensor,
+    cache_config: CacheConfig,
+    chunk: int = DEFAULT_CHUNK,
+    callback: Callable[[int, int, float], None] | None = None,
+    rss: Callable[[], float] | None = None,
+) -> tuple[Tensor, int, float]:
+    """The step loop's result, ``chunk`` queries per forward: ``ids`` (T,) -> (nll (T-1,), most
+    positions cached, peak sampled RSS MiB). Refuses what :class:`SinkCache` refuses."""
+    if chunk < 1:
+        raise SinklabError(f"chunk must be a positive integer, got {chunk}")
+    cache = SinkCache(model, cache_config)  # the same refusals (architecture, sizes) as step
+    sinks, recent = cache.config.sinks, cache.config.recent
+    state = BandState(cache.rope, text_config(model).num_hidden_layers)
+    dev = next(model.parameters()).device
+    ids = ids.reshape(-1)
+    n = ids.numel() - 1
+    nll = torch.empty(n, dtype=torch.float64)
+    sample = rss or (lambda: 0.0)
+    peak, total, p0 = sample(), 0.0, 0
+    with band_attention(model, state):
+        for t0 in range(0, n, chunk):
+            t1 = min(n, t0 + chunk)
+            state.plan = plan_chunk(t0, t1, p0, sinks, recent)
+            pos = torch.arange(t0, t1, device=dev)[None]
+            logits = model(ids[t0:t1][None].to(dev), position_ids=pos, use_cache=False).logits
+            lg = logits[0].float()
+            target = ids[t0 + 1 : t1 + 1].to(dev)
+            part = torch.logsumexp(lg, -1) - lg.gather(-1, target[:, None])[:, 0]
+            nll[t0:t1] = part.double().cpu()
+            total += float(part.double().sum())
+            p0 = state.plan.p0_next
+            peak = max(peak, sample())
+            if callback is not None:
+                callback(t1, n, math.exp(total / t1))
+    return nll, most_kept(n, sinks, recent), peak
