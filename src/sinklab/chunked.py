@@ -37,6 +37,7 @@ from torch import Tensor, nn
 from sinklab.cache import CacheConfig, SinkCache
 from sinklab.errors import SinklabError
 from sinklab.rotary import Rope, text_config
+from sinklab.seam import check_supported
 
 BAND_ATTN = "sinklab_band"
 DEFAULT_CHUNK = 256  # queries per forward
@@ -216,8 +217,6 @@ def _attention_layers(model: nn.Module) -> list[tuple[nn.Module, int]]:
 @contextmanager
 def band_attention(model: nn.Module, state: BandState) -> Iterator[nn.Module]:
     """Route ``model``'s attention through :data:`BAND_ATTN` with ``state``; restore on exit."""
-    from sinklab.hooks import check_supported
-
     register()
     check_supported(model)
     layers = _attention_layers(model)
