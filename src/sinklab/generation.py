@@ -114,11 +114,17 @@ def eos_ids(model: Any, tokenizer: Any) -> set[int]:
 
 
 def read_chunked(
-    model: Any, cache: SinkCache, ids: Sequence[int], chunk: int, fit: bool = False
+    model: Any,
+    cache: SinkCache,
+    ids: Sequence[int],
+    chunk: int,
+    fit: bool = False,
+    watch: Callable[[dict[str, Tensor]], None] | None = None,
 ) -> Tensor:
     """Read ``ids`` into ``cache`` (one stream) in chunks below the position bound; ``fit``: make
     room first (:meth:`SinkCache.evict_for_space`), so each chunk attends to at most
-    ``n_sink + window`` positions. -> logits of the last token (V,)."""
+    ``n_sink + window`` positions. ``watch(inputs)`` after each forward (what ``prepare`` gave).
+    -> logits of the last token (V,)."""
     dev = _device(model)
     if cache.max_position and cache.capacity is not None:
         chunk = max(1, min(chunk, cache.max_position - cache.capacity))
@@ -130,7 +136,10 @@ def read_chunked(
         if fit:
             cache.evict_for_space(len(part))
         x = torch.tensor([part], device=dev)
-        logits = model(x, cache=cache, logits_to_keep=1, **cache.prepare(len(part))).logits
+        extra = cache.prepare(len(part))
+        logits = model(x, cache=cache, logits_to_keep=1, **extra).logits
+        if watch is not None:
+            watch(extra)
     if logits is None:
         raise SinklabError("nothing to read: the prompt has no tokens")
     return logits[0, -1]
@@ -157,7 +166,11 @@ def generate(
     most, peak, top = 0, _rss_mb(), 0
     dev = _device(model)
     start = time.perf_counter()
-    logits = read_chunked(model, cache, prompt, config.prefill_chunk)
+    def watch(extra: dict[str, Tensor]) -> None:
+        nonlocal top
+        top = max(top, int(extra["position_ids"].max()))
+
+    logits = read_chunked(model, cache, prompt, config.prefill_chunk, watch=watch)
     while True:
         tok = int(next_token(logits[None], config.temperature, gen)[0])
         tokens.append(tok)

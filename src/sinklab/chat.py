@@ -1,0 +1,170 @@
+"""Multi-turn chat with a sink cache: StreamingLLM's own demo, on the model's chat template.
+
+The cache never holds more than ``n_sink + window`` positions, however long the conversation:
+each turn's new text (the template's rendering of the conversation, less what was already read)
+is fitted into the cache before it is read (:meth:`SinkCache.evict_for_space`, StreamingLLM's),
+then the reply is decoded one token at a time. Positions stay below the model's
+``max_position_embeddings`` (:meth:`SinkCache.prepare`). The sinks (the conversation's first
+tokens) are never evicted.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from sinklab.cache import CacheConfig, SinkCache
+from sinklab.errors import SinklabError
+from sinklab.generation import TextStream, eos_ids, next_token, read_chunked
+
+
+def _common(a: str, b: str) -> int:
+    """Length of the common prefix of two strings."""
+    n = 0
+    for x, y in zip(a, b, strict=False):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+@dataclass(frozen=True)
+class ChatConfig:
+    """One conversation's settings."""
+
+    n_sink: int = 4
+    window: int = 508
+    max_new_tokens: int = 256  # per reply
+    temperature: float = 0.0  # 0 = greedy
+    seed: int = 0
+    system: str | None = None  # a system message (None: the template's default)
+    prompt_chunk: int = 128  # a turn's text is read in chunks of at most this many tokens
+
+    def __post_init__(self) -> None:
+        for name in ("n_sink", "window", "max_new_tokens", "prompt_chunk"):
+            if getattr(self, name) < 1:
+                raise SinklabError(f"{name} must be a positive integer, got {getattr(self, name)}")
+        if not self.temperature >= 0 or math.isinf(self.temperature):
+            raise SinklabError(f"temperature must be >= 0 (0 = greedy), got {self.temperature}")
+
+
+@dataclass
+class Turn:
+    """One reply: its text and tokens, what was read before it, and how fast it came."""
+
+    reply: str
+    new_tokens: int
+    prompt_tokens: int
+    seconds: float
+    tokens_per_s: float
+
+
+class ChatSession:
+    """A conversation: ``turn(text)`` returns the assistant's reply; ``stats()``; ``reset()``."""
+
+    def __init__(self, model: Any, tokenizer: Any, config: ChatConfig | None = None) -> None:
+        self.model, self.tok = model, tokenizer
+        self.config = config or ChatConfig()
+        if not getattr(tokenizer, "chat_template", None):
+            raise SinklabError(
+                "this model's tokenizer has no chat template; sinklab chat needs an instruct "
+                "model (the embedded SmolLM2-135M-Instruct has one)"
+            )
+        self.cache = SinkCache(model, CacheConfig("sink", self.config.n_sink, self.config.window))
+        self.stops = eos_ids(model, tokenizer)
+        self.gen = torch.Generator()
+        self.reset()
+
+    def reset(self) -> None:
+        """Forget the conversation: empty history and cache."""
+        self.cache.reset()
+        self.messages: list[dict[str, str]] = []
+        if self.config.system is not None:
+            self.messages.append({"role": "system", "content": self.config.system})
+        self.read_text = ""  # the rendered conversation whose tokens the cache has read
+        self.pending: list[int] = []  # a sampled token not read yet (reply cut at max tokens)
+        self.gen.manual_seed(self.config.seed)
+        self.turns = 0
+        self.most_kept = 0
+        self.top_position = 0
+        self.last: Turn | None = None
+
+    def _render(self, messages: list[dict[str, str]], prompt: bool) -> str:
+        return self.tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=prompt)
+
+    def _watch(self, extra: dict[str, torch.Tensor]) -> None:
+        self.top_position = max(self.top_position, int(extra["position_ids"].max()))
+        self.most_kept = max(self.most_kept, self.cache.kept_length())
+
+    def _forward(self, tokens: list[int]) -> torch.Tensor:
+        extra = self.cache.prepare(len(tokens))
+        x = torch.tensor([tokens], device=next(self.model.parameters()).device)
+        out = self.model(x, cache=self.cache, logits_to_keep=1, **extra).logits[0, -1]
+        self._watch(extra)
+        return out
+
+    @torch.inference_mode()
+    def turn(self, text: str, on_text: Callable[[str], None] | None = None) -> Turn:
+        """The user says ``text``; the reply is streamed to ``on_text`` and returned."""
+        if not text.strip():
+            raise SinklabError("empty message; type some text (or /stats, /reset, /quit)")
+        messages = [*self.messages, {"role": "user", "content": text}]
+        full = self._render(messages, prompt=True)
+        new_text = full[_common(self.read_text, full) :]  # what the cache has not read yet
+        ids = self.pending + self.tok(new_text, add_special_tokens=False).input_ids
+        cfg = self.config
+        logits = self._read(ids, cfg.prompt_chunk)
+        start = time.perf_counter()  # the reply's speed: decoding only
+        stream, tokens, ended = TextStream(self.tok), [], False
+        while True:
+            tok = int(next_token(logits[None], cfg.temperature, self.gen)[0])
+            if tok in self.stops:
+                ended = True
+                break
+            tokens.append(tok)
+            if on_text is not None and (piece := stream.push([tok])):
+                on_text(piece)
+            if len(tokens) == cfg.max_new_tokens:
+                break
+            logits = self._forward([tok])
+        if on_text is not None and (piece := stream.push([], final=True)):
+            on_text(piece)
+        seconds = time.perf_counter() - start
+        reply = self.tok.decode(tokens, skip_special_tokens=True)
+        self.pending = [] if ended else tokens[-1:]
+        read = tokens if ended else tokens[:-1]
+        self.read_text = full + self.tok.decode(read, skip_special_tokens=True)
+        self.messages = [*messages, {"role": "assistant", "content": reply}]
+        self.turns += 1
+        rate = len(tokens) / seconds if seconds > 0 else math.inf
+        self.last = Turn(reply, len(tokens), len(ids), round(seconds, 3), rate)
+        return self.last
+
+    def _read(self, ids: list[int], chunk: int) -> torch.Tensor:
+        """Read a turn's tokens, each chunk fitted into the cache first (evict_for_space)."""
+        if not ids:
+            raise SinklabError("nothing to read for this turn")
+        if len(ids) == 1:
+            return self._forward(ids)
+        return read_chunked(self.model, self.cache, ids, chunk, fit=True, watch=self._watch)
+
+    def stats(self) -> dict[str, Any]:
+        """Tokens seen, kept (and the bound), positions, the last reply's speed."""
+        c = self.cache
+        return {
+            "turns": self.turns,
+            "tokens_seen": c.stream_length(),
+            "kept": c.kept_length(),
+            "max_kept": self.most_kept,
+            "capacity": c.capacity,
+            "next_position": c.next_position(),
+            "max_position_given": self.top_position,
+            "position_bound": c.max_position,
+            "last_reply_tokens": self.last.new_tokens if self.last else 0,
+            "tokens_per_s": round(self.last.tokens_per_s, 2) if self.last else None,
+        }

@@ -1,0 +1,103 @@
+"""``sinklab chat``: a multi-turn conversation with a bounded sink cache (StreamingLLM's demo)."""
+
+from __future__ import annotations
+
+import sys
+from typing import Annotated
+
+import typer
+
+from sinklab.commands.common import ModelOpt, SeedOpt, TrustOpt, stderr
+from sinklab.commands.stream import NSinkOpt, WindowOpt
+
+HELP = "commands: /stats (tokens seen, kept, positions, tok/s), /reset, /quit"
+
+
+def _lines(interactive: bool):
+    """User lines: prompted on a terminal, read one per line from a pipe or file."""
+    while True:
+        if interactive:
+            sys.stderr.write("you> ")
+            sys.stderr.flush()
+        line = sys.stdin.readline()
+        if not line:
+            return
+        yield line.rstrip("\n")
+
+
+def _format_stats(s: dict) -> str:
+    rate = "-" if s["tokens_per_s"] is None else f"{s['tokens_per_s']:.1f}"
+    return (
+        f"turns {s['turns']}, tokens seen {s['tokens_seen']}, kept {s['kept']} "
+        f"(at most {s['max_kept']}; bound {s['capacity']}), next position {s['next_position']} "
+        f"(largest given {s['max_position_given']}, bound {s['position_bound']}), "
+        f"last reply {s['last_reply_tokens']} tokens at {rate} tok/s"
+    )
+
+
+def chat(
+    model: ModelOpt = None,
+    n_sink: NSinkOpt = 4,
+    window: WindowOpt = 508,
+    max_new_tokens: Annotated[
+        int, typer.Option("--max-new-tokens", help="Most tokens per reply.")
+    ] = 256,
+    temperature: Annotated[
+        float, typer.Option("--temperature", help="0 = greedy; > 0 samples.")
+    ] = 0.0,
+    seed: SeedOpt = 0,
+    system: Annotated[
+        str | None, typer.Option("--system", help="A system message (default: the template's).")
+    ] = None,
+    trust_remote_code: TrustOpt = False,
+) -> None:
+    """Chat with the model (its chat template) in flat memory: the cache never holds more than
+    n_sink + window positions however long the conversation, each turn's text is fitted into it
+    before it is read, and positions stay below the model's maximum. Replies stream to stdout.
+    Reads stdin line by line when it is not a terminal, so a script can drive it; /stats,
+    /reset, /quit.
+
+    Example: printf 'Hi!\\nName three plays by Shakespeare.\\n/stats\\n' | sinklab chat
+    """
+    from sinklab.chat import ChatConfig, ChatSession
+    from sinklab.errors import SinklabError
+    from sinklab.models import load_model
+
+    config = ChatConfig(n_sink, window, max_new_tokens, temperature, seed, system)  # checks first
+    with stderr.status("loading model"):
+        loaded = load_model(model, trust_remote_code=trust_remote_code)
+    session = ChatSession(loaded.model, loaded.tokenizer, config)
+    interactive = sys.stdin.isatty()
+    if interactive:
+        stderr.print(f"sinklab chat: {loaded.info.name}, {n_sink} sinks + {window} window; {HELP}")
+
+    def on_text(piece: str) -> None:
+        sys.stdout.write(piece)
+        sys.stdout.flush()
+
+    for line in _lines(interactive):
+        text = line.strip()
+        if not text:
+            continue
+        if text.startswith("/"):
+            command = text.split()[0]
+            if command in ("/quit", "/exit"):
+                break
+            if command == "/stats":
+                print(_format_stats(session.stats()), flush=True)
+            elif command == "/reset":
+                session.reset()
+                print("(conversation reset)", flush=True)
+            else:
+                print(f"sinklab: unknown command {command}; {HELP}", file=sys.stderr)
+            continue
+        try:
+            session.turn(text, on_text)
+        except SinklabError as exc:  # a bad turn: say so in one line, keep the conversation
+            print(f"sinklab: error: {exc}", file=sys.stderr)
+        sys.stdout.write("\n")
+        sys.stdout.flush()
+
+
+def register(app: typer.Typer) -> None:
+    app.command("chat")(chat)

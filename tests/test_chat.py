@@ -1,0 +1,171 @@
+"""``sinklab chat``: the session stays within n_sink + window over many turns, each turn's text is
+fitted into the cache before it is read, the first reply equals plain greedy decoding (no cache),
+and the CLI is driven through stdin; bad inputs are one-line errors. SmolLM2: integration."""
+
+from __future__ import annotations
+
+import copy
+import io
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from sinklab.chat import ChatConfig, ChatSession
+from sinklab.cli import main
+from sinklab.errors import SinklabError
+
+TEMPLATE = (
+    "{% for m in messages %}<s> {{ m['role'] }} {{ m['content'] }} </s> {% endfor %}"
+    "{% if add_generation_prompt %}<s> assistant {% endif %}"
+)
+TURNS = [
+    "To be or not to be",
+    "that is the question whether tis nobler in the mind to suffer",
+    "the slings and arrows of outrageous fortune",
+    "or to take arms against a sea of troubles",
+    "and by opposing end them to die to sleep no more",
+]
+
+
+@pytest.fixture(scope="module")
+def chat_tokenizer(tiny_tokenizer):
+    tok = copy.deepcopy(tiny_tokenizer)
+    tok.chat_template = TEMPLATE
+    return tok
+
+
+@pytest.fixture(scope="module")
+def chat_model(tiny_model_factory):
+    return tiny_model_factory("llama", seed=13)
+
+
+@pytest.fixture(scope="module")
+def chat_dir(tmp_path_factory, chat_model, chat_tokenizer) -> Path:
+    folder = tmp_path_factory.mktemp("tiny-chat")
+    chat_model.save_pretrained(folder)
+    chat_tokenizer.save_pretrained(folder)
+    return folder
+
+
+@torch.no_grad()
+def _plain_greedy(model, ids: list[int], n: int, stops: set[int]) -> list[int]:
+    """Greedy decoding by full forwards over the whole text (no cache at all)."""
+    out: list[int] = []
+    for _ in range(n):
+        tok = int(model(torch.tensor([ids + out])).logits[0, -1].argmax())
+        if tok in stops:
+            break
+        out.append(tok)
+    return out
+
+
+def test_first_reply_equals_plain_greedy(chat_model, chat_tokenizer):
+    session = ChatSession(chat_model, chat_tokenizer, ChatConfig(2, 200, max_new_tokens=8))
+    turn = session.turn(TURNS[0])
+    text = chat_tokenizer.apply_chat_template(
+        [{"role": "user", "content": TURNS[0]}], tokenize=False, add_generation_prompt=True
+    )
+    ids = chat_tokenizer(text, add_special_tokens=False).input_ids
+    want = _plain_greedy(chat_model, ids, 8, session.stops)
+    assert turn.prompt_tokens == len(ids)
+    assert turn.reply == chat_tokenizer.decode(want, skip_special_tokens=True)
+
+
+def test_many_turns_stay_within_sinks_plus_window(chat_model, chat_tokenizer):
+    cfg = ChatConfig(n_sink=2, window=10, max_new_tokens=6, prompt_chunk=4)
+    session = ChatSession(chat_model, chat_tokenizer, cfg)
+    spans: list[int] = []  # keys each forward attends to (layer 0)
+    layer = session.cache.layers[0]
+    update = layer.update
+
+    def spy(k, v, *a, **kw):
+        keys, values = update(k, v, *a, **kw)
+        spans.append(keys.shape[-2])
+        return keys, values
+
+    layer.update = spy
+    replies = [session.turn(t) for t in TURNS * 2]
+    stats = session.stats()
+    assert all(r.new_tokens >= 1 for r in replies)
+    assert stats["max_kept"] <= 12 and stats["kept"] <= 12 and stats["capacity"] == 12
+    assert max(spans) <= 12 + 1  # prompts fitted before they are read; a decode step: 12 + 1
+    assert stats["tokens_seen"] > 3 * 12 and stats["turns"] == 10
+    assert stats["max_position_given"] < stats["position_bound"]
+    session.reset()
+    assert session.stats()["tokens_seen"] == 0 and session.messages == []
+
+
+def test_bad_chat_inputs(chat_model, chat_tokenizer, tiny_tokenizer):
+    with pytest.raises(SinklabError, match="window"):
+        ChatConfig(window=0)
+    with pytest.raises(SinklabError, match="temperature"):
+        ChatConfig(temperature=-1.0)
+    with pytest.raises(SinklabError, match="chat template"):
+        ChatSession(chat_model, tiny_tokenizer)
+    with pytest.raises(SinklabError, match="empty message"):
+        ChatSession(chat_model, chat_tokenizer, ChatConfig(2, 10)).turn("   ")
+
+
+def _run(capsys, monkeypatch, stdin: str, *args: str) -> tuple[int, str, str]:
+    monkeypatch.setattr(sys, "stdin", io.StringIO(stdin))
+    code = main(["chat", *args])
+    cap = capsys.readouterr()
+    return code, cap.out, cap.err
+
+
+def test_cli_chat_driven_through_stdin(capsys, monkeypatch, chat_dir):
+    script = "\n".join([TURNS[0], "/stats", TURNS[1], TURNS[2], "/bogus", "/stats", "/reset"])
+    script += "\n/stats\n/quit\nnever read\n"
+    args = ("--model", str(chat_dir), "--n-sink", "2", "--window", "10", "--max-new-tokens", "5")
+    code, out, err = _run(capsys, monkeypatch, script, *args)
+    assert code == 0, err
+    stats = [ln for ln in out.splitlines() if ln.startswith("turns ")]
+    assert len(stats) == 3
+    assert stats[0].startswith("turns 1,") and stats[1].startswith("turns 3,")
+    assert "bound 12" in stats[1] and stats[2].startswith("turns 0, tokens seen 0")
+    assert "(conversation reset)" in out
+    assert [ln for ln in err.splitlines() if "unknown command /bogus" in ln]
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (("--window", "0"), "window must be a positive integer"),
+        (("--temperature", "-2"), "temperature must be >= 0"),
+        (("--max-new-tokens", "0"), "max_new_tokens must be a positive integer"),
+    ],
+)
+def test_cli_chat_bad_options_one_line(capsys, monkeypatch, chat_dir, args, needle):
+    code, _, err = _run(capsys, monkeypatch, "hi\n", "--model", str(chat_dir), *args)
+    lines = [ln for ln in err.strip().splitlines() if ln.strip()]
+    assert code == 2 and len(lines) == 1 and needle in lines[0], err
+
+
+def test_cli_chat_refuses_a_model_without_template(capsys, monkeypatch, tiny_model_dir):
+    code, _, err = _run(capsys, monkeypatch, "hi\n", "--model", str(tiny_model_dir("llama")))
+    lines = [ln for ln in err.strip().splitlines() if ln.strip()]
+    assert code == 2 and len(lines) == 1 and "chat template" in lines[0], err
+
+
+@pytest.mark.integration
+def test_smollm2_chat_answers_each_turn_in_a_bounded_cache(smollm2):
+    """Three turns on the embedded instruct model with 4 + 60 (the conversation outgrows it)."""
+    cfg = ChatConfig(n_sink=4, window=60, max_new_tokens=24)
+    session = ChatSession(smollm2.model, smollm2.tokenizer, cfg)
+    turns = [
+        "What is the capital of France?",
+        "Name a play by Shakespeare.",
+        "Say hello in one word.",
+    ]
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        replies = [session.turn(t) for t in turns]
+    finally:
+        torch.set_num_threads(threads)
+    assert all(r.reply.strip() for r in replies), [r.reply for r in replies]
+    assert "paris" in replies[0].reply.lower(), replies[0].reply
+    stats = session.stats()
+    assert stats["max_kept"] <= 64 and stats["tokens_seen"] > 64
