@@ -41,7 +41,15 @@ def test_each_experiment_end_to_end(tiny, tiny_tokenizer, tmp_path, name):
         )
         assert len({c["n_targets"] for c in data["conditions"].values()}) == 1
     if name == "density":
-        assert data["conditions"]["lam=0"]["lam"] == 0.0
+        assert data["conditions"]["lam=0"]["lam"] == 0.0 and data["protocol"] == "mix"
+    if name == "geometry":
+        assert len(data["layers"]) == 3 and data["verdict_site"] == "attention_input"
+        assert set(data["layers"][1]["first_token_cosine"]) == {
+            "residual",
+            "attention_input",
+            "key",
+        }
+        assert "attention input" in data["finding"] and "seed" not in data["finding"]
     if name == "sensitivity":
         m = torch.tensor(data["matrices"]["sink masked"])
         assert m.shape == (4, 4) and m[1:, 0].max() < 1e-6  # the masked sink is cut off

@@ -8,10 +8,14 @@ from sinklab.attention import sink_softmax
 from sinklab.errors import SinklabError
 from sinklab.interventions import (
     AttentionMix,
+    AttentionReplace,
+    AttentionTemperature,
     MaskSink,
     SinkLogit,
     attention_mix,
+    attention_temperature,
     first_token,
+    intervene,
     jacobian_sensitivity,
     mask_sink,
     sink_logit,
@@ -49,6 +53,8 @@ INTERVENTIONS = {
     "mask_sink": lambda m: mask_sink(m, positions=[0]),
     "mask_sink_heads": lambda m: mask_sink(m, positions=[0, 2], layers=[1], heads=[0, 3]),
     "attention_mix_0.3": lambda m: attention_mix(m, 0.3),
+    "attention_temperature_2": lambda m: attention_temperature(m, 2.0, layers=[1]),
+    "attention_replace_0.3": lambda m: intervene(m, AttentionReplace(lam=0.3)),
     "sink_logit": lambda m: sink_logit(m, 0.0, layers=[0]),
 }
 
@@ -110,10 +116,10 @@ def test_mask_sink_heads_and_layers_only(model, ids):
     assert w0[:, :, 1:, 0].min() > 0
 
 
-def test_attention_mix_0_gives_own_value_and_1_the_running_mean(model, ids):
+def test_attention_replace_0_gives_own_value_and_1_the_running_mean(model, ids):
     for lam in (0.0, 1.0):
         cap = Capture()
-        with torch.no_grad(), sinklab_attention(model, AttentionMix(lam=lam), cap):
+        with torch.no_grad(), sinklab_attention(model, AttentionReplace(lam=lam), cap):
             model(ids)
         for layer in (0, 1):
             v = cap.cat(layer, "value")  # (B, H, T, D)
@@ -155,6 +161,9 @@ def test_sink_logit_matches_reference_sink_softmax(model, ids):
     [
         (lambda: AttentionMix(lam=1.5), "lam must be in [0, 1]"),
         (lambda: AttentionMix(lam=-0.1), "lam must be in [0, 1]"),
+        (lambda: AttentionReplace(lam=2.0), "lam must be in [0, 1]"),
+        (lambda: AttentionTemperature(tau=0.0), "temperature must be a finite number > 0"),
+        (lambda: AttentionTemperature(tau=float("inf")), "temperature must be a finite number"),
         (lambda: MaskSink(positions=frozenset()), "positions is empty"),
         (lambda: MaskSink(heads=frozenset({-1})), "heads must be >= 0"),
     ],

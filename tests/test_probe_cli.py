@@ -23,6 +23,7 @@ KEYS = {
     "first_token_norm_ratio",
     "sink_rate",
     "sink_positions",
+    "geometry",  # per layer at three sites (sinklab.geometry)
 }
 
 
@@ -59,6 +60,7 @@ def test_probe_writes_json_and_figures(capsys, tmp_path: Path, tiny_model_dir):
     proc = cli(capsys, *args, "--out", str(tmp_path / "t"), "--no-figures")
     assert proc.returncode == 0, proc.stderr
     assert "sink rate" in proc.stdout and "top sink heads" in proc.stdout
+    assert "first token cosine per layer, attention input:" in proc.stdout
     assert "sinks start" in proc.stdout or "no head puts more than" in proc.stdout
 
 

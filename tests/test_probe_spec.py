@@ -26,9 +26,10 @@ def test_docs_table_is_the_declaration(tmp_path):
 
 def test_result_fields_and_json_keys_follow_the_declaration():
     declared = [f.name for f in fields(ProbeResult)]
-    assert declared == ["config", "n_tokens", *spec.names(), "meta"]
+    # geometry: the per-site numbers of sinklab.geometry (docs/experiments.md), not a probe metric
+    assert declared == ["config", "n_tokens", *spec.names(), "meta", "geometry"]
     res = probe(make_tiny_model("llama"), torch.randint(3, 500, (24,)))
-    assert list(res.to_json()) == ["meta", *spec.names(in_json=True)]
+    assert list(res.to_json()) == ["meta", *spec.names(in_json=True), "geometry"]
     assert "received" not in res.to_json() and res.received.shape == (2, 4, 24)
 
 

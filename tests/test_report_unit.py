@@ -98,7 +98,7 @@ def test_headline_skips_what_it_cannot_compute_and_names_failures():
     finding = ok("mask-sink", {"finding": "masking the sink raises perplexity from 12.1 to 410.3"})
     lines = headline([broken, failed, finding], ReportConfig())
     assert lines == [
-        "Ablation, mask-sink: masking the sink raises perplexity from 12.1 to 410.3.",
+        "Ablation: masking the sink: masking the sink raises perplexity from 12.1 to 410.3.",
         "Failed: 1 stage(s) did not run and show their error: stream.",
     ]
 

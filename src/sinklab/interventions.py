@@ -1,8 +1,9 @@
 """Causal interventions on attention and inputs, and Jacobian sensitivity.
 
-* :func:`first_token` edits the *input ids* (keep / drop / replace the first token) and records
-  exactly what it did; it never touches the model.
-* :class:`MaskSink`, :class:`AttentionMix` and :class:`SinkLogit` are
+* :func:`first_token` (from :mod:`sinklab.first_token`) edits the *input ids* (keep / drop /
+  replace the first token) and records exactly what it did; it never touches the model.
+* :class:`MaskSink`, :class:`AttentionMix`, :class:`AttentionTemperature`,
+  :class:`AttentionReplace` and :class:`SinkLogit` are
   :class:`~sinklab.seam.AttentionHandler` s: they replace each chunk's weights inside sinklab's one
   registered attention function, so they compose with the probe and with perplexity evaluation.
   :func:`mask_sink`, :func:`attention_mix` and :func:`sink_logit` are context managers that check
@@ -15,7 +16,7 @@
 from __future__ import annotations
 
 import logging
-import random
+import math
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -25,97 +26,16 @@ import torch
 from torch import Tensor, nn
 
 from sinklab.attention import sink_softmax, softmax
-from sinklab.corpus import resolve_token
 from sinklab.errors import SinklabError
+from sinklab.first_token import (  # noqa: F401 (re-exported)
+    COMMON_WORDS,
+    FIRST_TOKEN_MODES,
+    FirstTokenEdit,
+    first_token,
+)
 from sinklab.seam import AttentionChunk, AttentionHandler, sinklab_attention
 
 log = logging.getLogger(__name__)
-
-FIRST_TOKEN_MODES = ("keep", "drop", "bos", "newline", "token", "word")
-# Frequent English words; "word" mode draws one (seeded) among those that are a single token.
-COMMON_WORDS = ("the", "and", "of", "to", "in", "that", "it", "is", "was", "for", "with", "as")
-
-
-# --------------------------------------------------------------------------- first token
-@dataclass(frozen=True)
-class FirstTokenEdit:
-    """What :func:`first_token` did. ``ids`` (B, T') is the edited batch.
-
-    ``shift`` maps positions: the original token at position ``j >= 1`` sits at ``j + shift`` in
-    ``ids`` (``-1`` for drop, ``0`` otherwise): the same target tokens are scored in every mode.
-    """
-
-    mode: str
-    ids: Tensor
-    original: tuple[int, ...]  # first token id of each row before the edit
-    replacement: int | None  # the id put first (None for keep / drop)
-    replacement_text: str | None
-    shift: int
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "mode": self.mode,
-            "original": list(self.original),
-            "replacement": self.replacement,
-            "replacement_text": self.replacement_text,
-            "shift": self.shift,
-            "length": int(self.ids.shape[-1]),
-        }
-
-
-def _word_token(tokenizer: Any, seed: int) -> tuple[int, str]:
-    single = []
-    for word in COMMON_WORDS:
-        ids = tokenizer(word, add_special_tokens=False).input_ids
-        if len(ids) == 1:
-            single.append((int(ids[0]), word))
-    if not single:
-        raise SinklabError(
-            "no common English word is a single token for this tokenizer; "
-            "use mode 'token' with an explicit token id"
-        )
-    return random.Random(seed).choice(single)
-
-
-def first_token(
-    ids: Tensor,
-    mode: str,
-    tokenizer: Any = None,
-    *,
-    token: str | int | None = None,
-    seed: int = 0,
-) -> FirstTokenEdit:
-    """Keep, drop or replace the first token of ``ids`` ((T,) or (B, T)); returns the edit.
-
-    Modes: ``keep``; ``drop`` (T' = T - 1); ``bos`` / ``newline`` (replace with the tokenizer's
-    BOS / the single token for "\\n"); ``token`` (replace with ``token``: an id, "bos", "eos" or a
-    one-token string); ``word`` (replace with a seeded random common word that is one token).
-    """
-    if mode not in FIRST_TOKEN_MODES:
-        raise SinklabError(
-            f"unknown first-token mode {mode!r}; use one of: {', '.join(FIRST_TOKEN_MODES)}"
-        )
-    batch = ids if ids.ndim == 2 else ids[None]  # (B, T)
-    if batch.shape[-1] < 3:
-        raise SinklabError(f"first_token needs at least 3 tokens, got {batch.shape[-1]}")
-    original = tuple(int(x) for x in batch[:, 0])
-    if mode == "keep":
-        return FirstTokenEdit(mode, batch.clone(), original, None, None, 0)
-    if mode == "drop":
-        return FirstTokenEdit(mode, batch[:, 1:].clone(), original, None, None, -1)
-    if tokenizer is None and not (mode == "token" and isinstance(token, int)):
-        raise SinklabError(f"first-token mode {mode!r} needs a tokenizer")
-    if mode == "word":
-        tid, text = _word_token(tokenizer, seed)
-    else:
-        spec = {"bos": "bos", "newline": "\\n"}.get(mode, token)
-        if spec is None:
-            raise SinklabError("first-token mode 'token' needs token=ID or a one-token string")
-        tid = resolve_token(tokenizer, spec) if tokenizer is not None else int(spec)
-        text = tokenizer.decode([tid]) if tokenizer is not None else None
-    edited = batch.clone()
-    edited[:, 0] = tid
-    return FirstTokenEdit(mode, edited, original, tid, text, 0)
 
 
 # --------------------------------------------------------------------------- attention handlers
@@ -212,31 +132,100 @@ class MaskSink(_Intervention):
         chunk.weights = out if sel is None else torch.where(sel, out, w)
 
 
+def _check_lam(lam: float, meaning: str) -> None:
+    if not 0.0 <= float(lam) <= 1.0:
+        raise SinklabError(
+            f"lam must be in [0, 1] ({meaning}), got {lam}; pass e.g. --lams 0,0.5,1"
+        )
+
+
+def _uniform_causal(chunk: AttentionChunk) -> Tensor:
+    """Uniform weights over each query's visible keys: (B, H, c, Tk)."""
+    vis = chunk.mask.expand_as(chunk.weights).to(chunk.weights.dtype)
+    return vis / vis.sum(-1, keepdim=True).clamp_min(1.0)
+
+
+def _select(heads: frozenset[int] | None, out: Tensor, w: Tensor) -> Tensor:
+    sel = _head_select(heads, w.shape[1], w.device)
+    return out if sel is None else torch.where(sel, out, w)
+
+
 @dataclass(frozen=True, eq=False)
 class AttentionMix(_Intervention):
-    """Weights ``(1 - lam) * identity + lam * uniform-causal`` (uniform over visible keys).
+    """Make a trained model's attention denser: ``(1 - lam) * w_model + lam * uniform-causal``.
+
+    ``lam = 0`` is the model itself (bitwise: the weights are not touched); ``lam = 1`` the causal
+    running mean. The density protocol ``mix`` (docs/experiments.md).
+    """
+
+    lam: float = 0.5
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _check_lam(self.lam, "0 = the model's own attention, 1 = uniform causal")
+
+    def transform(self, chunk: AttentionChunk) -> None:
+        if self.lam == 0.0:
+            return
+        w = chunk.weights  # (B, H, c, Tk)
+        out = (1.0 - self.lam) * w + self.lam * _uniform_causal(chunk)
+        chunk.weights = _select(self.heads, out, w)
+
+
+@dataclass(frozen=True, eq=False)
+class AttentionTemperature(_Intervention):
+    """Weights ``softmax(s / tau)`` over the visible keys: ``tau < 1`` sharper, ``> 1`` denser.
+
+    ``tau = 1`` is the model itself. Softmax attention only (a lab model's softmax1 / sink / gated
+    variant is an error). The density protocol ``temperature`` (docs/experiments.md).
+    """
+
+    tau: float = 1.0
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if not (math.isfinite(float(self.tau)) and float(self.tau) > 0.0):
+            raise SinklabError(
+                f"temperature must be a finite number > 0 (< 1 sharper, > 1 denser), got "
+                f"{self.tau}; pass e.g. --temperatures 0.5,1,2"
+            )
+
+    def transform(self, chunk: AttentionChunk) -> None:
+        variant = getattr(chunk.module, "attention_variant", "softmax")
+        if variant != "softmax":
+            raise SinklabError(
+                f"the temperature protocol needs softmax attention; layer {chunk.layer} uses "
+                f"{variant!r}: use --protocol mix"
+            )
+        w = chunk.weights
+        out = softmax(
+            chunk.scores.to(torch.promote_types(w.dtype, torch.float32)) / self.tau, chunk.mask
+        ).to(w.dtype)
+        chunk.weights = _select(self.heads, out, w)
+
+
+@dataclass(frozen=True, eq=False)
+class AttentionReplace(_Intervention):
+    """Replace the weights by ``(1 - lam) * identity + lam * uniform-causal``.
 
     ``lam = 0``: each query attends only to itself (diagonal); ``lam = 1``: the causal running mean.
+    Confound: at small ``lam`` every token behaves as a first token (it attends to itself only),
+    and first tokens carry a trained model's massive activations.
     """
 
     lam: float = 1.0
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if not 0.0 <= float(self.lam) <= 1.0:
-            raise SinklabError(
-                f"lam must be in [0, 1] (0 = diagonal, 1 = uniform causal), got {self.lam}"
-            )
+        _check_lam(self.lam, "0 = diagonal, 1 = uniform causal")
 
     def transform(self, chunk: AttentionChunk) -> None:
         w = chunk.weights  # (B, H, c, Tk)
-        vis = chunk.mask.expand_as(w).to(w.dtype)
-        uniform = vis / vis.sum(-1, keepdim=True).clamp_min(1.0)
         keys = torch.arange(w.shape[-1], device=w.device)
+        vis = chunk.mask.expand_as(w).to(w.dtype)
         eye = (keys[None, :] == _query_positions(chunk)[:, None]).to(w.dtype) * vis  # diagonal
-        out = (1.0 - self.lam) * eye + self.lam * uniform
-        sel = _head_select(self.heads, w.shape[1], w.device)
-        chunk.weights = out if sel is None else torch.where(sel, out, w)
+        out = (1.0 - self.lam) * eye + self.lam * _uniform_causal(chunk)
+        chunk.weights = _select(self.heads, out, w)
 
 
 @dataclass(frozen=True, eq=False)
@@ -288,6 +277,17 @@ def attention_mix(
 ) -> Any:
     """Context manager: :class:`AttentionMix` with ``lam`` in [0, 1] on ``layers`` (None = all)."""
     return intervene(model, AttentionMix(layers=_opt(layers), heads=_opt(heads), lam=float(lam)))
+
+
+def attention_temperature(
+    model: nn.Module,
+    tau: float,
+    layers: Iterable[int] | None = None,
+    heads: Iterable[int] | None = None,
+) -> Any:
+    """Context manager: :class:`AttentionTemperature` with ``tau > 0`` on ``layers``."""
+    handler = AttentionTemperature(layers=_opt(layers), heads=_opt(heads), tau=float(tau))
+    return intervene(model, handler)
 
 
 def sink_logit(

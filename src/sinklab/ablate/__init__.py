@@ -1,21 +1,29 @@
 """``sinklab ablate``: the seeds' causal experiments (first token, masked sink, density,
-sensitivity, geometry) as library calls returning an :class:`AblationResult`."""
+sensitivity, geometry) as library calls returning an :class:`AblationResult`; one
+:class:`Experiment` record each (:mod:`sinklab.ablate.registry`)."""
 
-from sinklab.ablate.core import (
-    EXPERIMENTS,
-    AblationConfig,
-    AblationResult,
-    check_experiment,
-)
-from sinklab.ablate.experiments import run_experiment
+from sinklab.ablate.core import AblationConfig, AblationResult
 from sinklab.ablate.perplexity import Perplexity, perplexity
+from sinklab.ablate.registry import (
+    EXPERIMENTS,
+    RECORDS,
+    Experiment,
+    check_experiment,
+    experiments_for_claim,
+    get_experiment,
+    run_experiment,
+)
 
 __all__ = [
     "EXPERIMENTS",
+    "RECORDS",
     "AblationConfig",
     "AblationResult",
+    "Experiment",
     "Perplexity",
     "check_experiment",
+    "experiments_for_claim",
+    "get_experiment",
     "perplexity",
     "run_experiment",
 ]

@@ -1,8 +1,9 @@
 """Ablation config and result, and the helpers the experiments share
-(:func:`sinklab.ablate.experiments.run_experiment` runs one)."""
+(:func:`sinklab.ablate.registry.run_experiment` runs one from its record)."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -12,19 +13,14 @@ import torch
 from torch import nn
 
 from sinklab.errors import SinklabError
-from sinklab.interventions import FIRST_TOKEN_MODES
+from sinklab.first_token import FIRST_TOKEN_MODES
 from sinklab.meta import write_json_atomic
 
-EXPERIMENTS = ("first-token", "mask-sink", "density", "sensitivity", "geometry")
 DEFAULT_MODES = ("keep", "drop", "bos", "newline", "word")
 DEFAULT_LAMS = (0.0, 0.1, 0.25, 0.5, 0.75, 1.0)
+DEFAULT_TEMPERATURES = (0.5, 0.75, 1.0, 1.5, 2.0, 4.0)
+DENSITY_PROTOCOLS = ("mix", "temperature", "replace")
 ProgressCallback = Callable[[int, int], None]
-
-
-def check_experiment(name: str) -> str:
-    if name not in EXPERIMENTS:
-        raise SinklabError(f"unknown experiment {name!r}; choose one of: {', '.join(EXPERIMENTS)}")
-    return name
 
 
 @dataclass(frozen=True)
@@ -34,10 +30,13 @@ class AblationConfig:
     q0: int = 0  # probe: first query counted in sink mass
     eps: tuple[float, ...] = (0.3, 0.8)  # probe: sink-head thresholds
     positions: tuple[int, ...] = (0,)  # sink key positions masked by mask-sink / sensitivity
-    layers: tuple[int, ...] | None = None  # layers of the "all" condition / density (None = all)
+    # layers of the "all" condition / sensitivity (None = all) / density (None = middle third)
+    layers: tuple[int, ...] | None = None
     heads: tuple[int, ...] | None = None  # heads masked / mixed (None = all)
     modes: tuple[str, ...] = DEFAULT_MODES  # first-token conditions
-    lams: tuple[float, ...] = DEFAULT_LAMS  # density: lam values in [0, 1]
+    protocol: str = "mix"  # density: mix | temperature | replace (docs/experiments.md)
+    lams: tuple[float, ...] = DEFAULT_LAMS  # density mix / replace: lam values in [0, 1]
+    temperatures: tuple[float, ...] = DEFAULT_TEMPERATURES  # density temperature: tau > 0
     grid: int = 16  # sensitivity: grid x grid (t, i) positions
     probes: int = 8  # sensitivity: Rademacher probes per query (0 = exact Frobenius norm)
     first_target: int = 2  # perplexity scores ids[first_target:]
@@ -53,8 +52,19 @@ class AblationConfig:
         bad = [lam for lam in self.lams if not 0.0 <= lam <= 1.0]
         if not self.lams or bad:
             raise SinklabError(
-                f"lam must be in [0, 1] (0 = diagonal, 1 = uniform causal), got {bad or 'none'}; "
-                "pass e.g. --lams 0,0.5,1"
+                f"lam must be in [0, 1] (0 = the model's attention, 1 = uniform causal), got "
+                f"{bad or 'none'}; pass e.g. --lams 0,0.5,1"
+            )
+        if self.protocol not in DENSITY_PROTOCOLS:
+            raise SinklabError(
+                f"unknown density protocol {self.protocol!r}; use one of: "
+                f"{', '.join(DENSITY_PROTOCOLS)}"
+            )
+        bad_t = [t for t in self.temperatures if not (math.isfinite(t) and t > 0)]
+        if not self.temperatures or bad_t:
+            raise SinklabError(
+                f"temperatures must be finite numbers > 0 (< 1 sharper, > 1 denser), got "
+                f"{bad_t or 'none'}; pass e.g. --temperatures 0.5,1,2"
             )
         unknown = [m for m in self.modes if m not in FIRST_TOKEN_MODES]
         if not self.modes or unknown:
@@ -109,6 +119,10 @@ class AblationResult:
     finding: str
     extra: dict[str, Any] = field(default_factory=dict)  # matrices, grids, skipped conditions
     meta: dict[str, Any] = field(default_factory=dict)
+    # the record's figure function (data, path) -> Figure, set by run_experiment
+    plot: Callable[[dict[str, Any], Path], Any] | None = field(
+        default=None, repr=False, compare=False
+    )
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -125,9 +139,9 @@ class AblationResult:
 
     def figure(self, path: Path) -> Any:
         """Draw the figure to ``path`` (PNG; plotted numbers in ``path.with_suffix(".json")``)."""
-        from sinklab.ablate import plots
-
-        return plots.PLOTS[self.experiment](self.to_json(), Path(path))
+        if self.plot is None:
+            raise SinklabError(f"no figure function for experiment {self.experiment!r}")
+        return self.plot(self.to_json(), Path(path))
 
 
 def model_shape(model: nn.Module) -> tuple[int, int]:

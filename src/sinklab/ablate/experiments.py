@@ -1,40 +1,34 @@
-"""The five experiments. Each returns ``(conditions, extra, finding)``; the finding is computed
-from the numbers, and says so when a seed's claim does not hold on this model and text."""
+"""First-token, mask-sink, sensitivity and geometry (density: :mod:`sinklab.ablate.density`).
+
+Each returns ``(conditions, extra, finding)``; the finding is computed from the numbers by the
+rule of docs/experiments.md, and names the claim and its paper."""
 
 from __future__ import annotations
 
-import itertools
-import logging
-import time
-from collections.abc import Callable
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 
-from sinklab.ablate.core import (
-    AblationConfig,
-    AblationResult,
-    ProgressCallback,
-    check_experiment,
-    mean,
-    model_shape,
-    thirds,
-)
+from sinklab.ablate.core import AblationConfig, ProgressCallback, mean, model_shape, thirds
 from sinklab.ablate.perplexity import perplexity
 from sinklab.errors import SinklabError
-from sinklab.interventions import (
-    AttentionMix,
-    MaskSink,
-    first_token,
-    intervene,
-    jacobian_sensitivity,
-)
+from sinklab.geometry import METRICS, SITES, middle_third
+from sinklab.interventions import MaskSink, first_token, intervene, jacobian_sensitivity
 from sinklab.probe import ProbeConfig, ProbeResult, probe
 from sinklab.probe.metrics import HEAD_KINDS
 from sinklab.probe.spec import eps_key
 
-log = logging.getLogger(__name__)
+# The claims, as the findings name them (paper, then the claim).
+CLAIM_BOS = (
+    "Barbero et al. 2025 (the sink forms at the first token whatever it is; removing the first "
+    "token costs quality)"
+)
+CLAIM_MIXING = "Barbero et al. 2025 (sinks stop over-mixing)"
+CLAIM_GEOMETRY = (
+    "Sukenik et al., 'Sink vs. diagonal patterns' (the first token's cosine with the others is "
+    "<= 0 in middle layers)"
+)
 
 Out = tuple[dict[str, dict[str, Any]], dict[str, Any], str]
 
@@ -101,7 +95,7 @@ def first_token_experiment(
         f"to {rates[hi]:.2f} with {hi})"
     )
     finding = (
-        f"with the first token kept perplexity is {base['perplexity']:.2f} and {key} "
+        f"{CLAIM_BOS}: with the first token kept perplexity is {base['perplexity']:.2f} and {key} "
         f"{base[key]:.2f}; " + "; ".join(parts) + f"; {verdict}"
     )
     return conditions, {"skipped": skipped, "layers": model_shape(model)[0]}, finding
@@ -142,57 +136,12 @@ def mask_sink_experiment(
     direction = "raises" if full["perplexity"] > never["perplexity"] else "lowers"
     sim = "raises" if full["mean_token_similarity"] > never["mean_token_similarity"] else "lowers"
     finding = (
-        f"masking the sink (positions {sorted(pos)}) in all layers {direction} perplexity from "
-        f"{never['perplexity']:.2f} to {full['perplexity']:.2f} ({parts}) and {sim} mean token "
-        f"similarity from {never['mean_token_similarity']:.3f} to "
-        f"{full['mean_token_similarity']:.3f}"
+        f"{CLAIM_MIXING}: masking the sink (positions {sorted(pos)}) in all layers {direction} "
+        f"perplexity from {never['perplexity']:.2f} to {full['perplexity']:.2f} ({parts}) and "
+        f"{sim} mean token similarity (decoder block outputs) from "
+        f"{never['mean_token_similarity']:.3f} to {full['mean_token_similarity']:.3f}"
     )
     return conditions, {"positions": sorted(pos)}, finding
-
-
-# --------------------------------------------------------------------------- density
-def density_experiment(
-    model: nn.Module, tokenizer: Any, ids: Tensor, config: AblationConfig, callback=None
-) -> Out:
-    n_layers, _ = model_shape(model)
-    layers = frozenset(config.layers) if config.layers else None
-    heads = frozenset(config.heads) if config.heads else None
-    conditions: dict[str, dict[str, Any]] = {}
-    plan: list[float | None] = [None, *config.lams]
-    for n, lam in enumerate(plan):
-        handlers = [] if lam is None else [AttentionMix(layers, heads, float(lam))]
-        with intervene(model, *handlers):
-            ppl = perplexity(model, ids, config.first_target)
-            res = _probe(model, ids, config)
-        sim = list(res.token_similarity)
-        groups = {
-            f"similarity ({g})": mean([sim[i] for i in ls]) for g, ls in thirds(n_layers).items()
-        }
-        conditions["unmodified" if lam is None else f"lam={lam:g}"] = {
-            "lam": lam,
-            **ppl.to_json(),
-            "token_similarity": sim,
-            "mean_token_similarity": mean(sim),
-            **groups,
-        }
-        _tick(callback, n + 1, len(plan))
-    curve = [conditions[f"lam={lam:g}"]["mean_token_similarity"] for lam in config.lams]
-    lo, hi = curve[0], curve[-1]
-    steps = [b - a for a, b in itertools.pairwise(curve)]
-    if hi > lo and all(s >= 0 for s in steps):
-        verdict = "rises monotonically, as seed 004 says (denser attention oversmooths)"
-    elif hi > lo:
-        verdict = "rises overall but not monotonically (seed 004's claim holds only in trend)"
-    else:
-        verdict = "does not rise: seed 004's claim does not hold here"
-    first, last = (conditions[f"lam={lam:g}"] for lam in (config.lams[0], config.lams[-1]))
-    unmodified = conditions["unmodified"]["mean_token_similarity"]
-    finding = (
-        f"mean token similarity goes from {lo:.3f} at lam={config.lams[0]:g} to {hi:.3f} at "
-        f"lam={config.lams[-1]:g} (unmodified model {unmodified:.3f}) and {verdict}; "
-        f"perplexity {first['perplexity']:.1f} -> {last['perplexity']:.1f}"
-    )
-    return conditions, {"lams": list(config.lams), "groups": thirds(n_layers)}, finding
 
 
 # --------------------------------------------------------------------------- sensitivity
@@ -261,88 +210,90 @@ def sensitivity_experiment(
         mats[name] = s.tolist()
     a, b = conditions["sink"]["mean_sensitivity"], conditions["sink masked"]["mean_sensitivity"]
     verdict = (
-        "as seed 002 says, the sink damps sensitivity (over-mixing)"
+        "the sink damps sensitivity: the claim holds here"
         if b > a
-        else "seed 002's claim (the sink damps sensitivity) does not hold here"
+        else "the sink does not damp sensitivity: the claim does not hold here"
     )
     how = "exact Frobenius norms" if probes is None else f"Hutchinson estimate, {probes} probes"
     finding = (
-        f"masking the sink changes the mean ||d h_L[t]/d x_i|| over t > i >= 1 from {a:.4g} "
-        f"to {b:.4g} (x{b / a:.2f}, {how}): {verdict}"
+        f"{CLAIM_MIXING}: masking the sink changes the mean ||d h_L[t]/d x_i|| over t > i >= 1 "
+        f"from {a:.4g} to {b:.4g} (x{b / a:.2f}, {how}): {verdict}"
     )
     extra = {"positions": pos, "norm": "frobenius", "method": how, "matrices": mats}
     return conditions, extra, finding
 
 
 # --------------------------------------------------------------------------- geometry
+def _mean_layers(rows: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
+    """Per-layer site numbers averaged over texts (None stays None)."""
+    out = []
+    for li in range(len(rows[0])):
+        entry: dict[str, Any] = {"layer": li}
+        for m in METRICS:
+            vals = {s: [r[li][m][s] for r in rows] for s in SITES}
+            entry[m] = {s: None if None in v else mean(v) for s, v in vals.items()}
+        out.append(entry)
+    return out
+
+
+def geometry_verdict(cos: Tensor, middle: list[int]) -> str:
+    """The rule of docs/experiments.md on the attention-input cosines ``cos`` (texts, layers)."""
+    mid = cos[:, middle]
+    n_pos = int((mid > 0).sum())
+    if n_pos == 0:
+        return f"<= 0 in all {mid.numel()} (text, layer) cells: the claim holds here"
+    return f"> 0 in {n_pos} of {mid.numel()} (text, layer) cells: the claim does not hold here"
+
+
 def geometry_experiment(
     model: nn.Module, tokenizer: Any, ids: Tensor, config: AblationConfig, callback=None
 ) -> Out:
     n_layers, n_heads = model_shape(model)
     conditions: dict[str, dict[str, Any]] = {}
+    rows: list[list[dict[str, Any]]] = []
+    key_note = None
     for n, row in enumerate(ids):
         res = _probe(model, row, config)
+        if res.geometry is None:
+            raise SinklabError(f"{type(model).__name__}: sinklab cannot measure its geometry")
+        key_note = res.geometry.key_note
         census = {
             kind: [sum(k == kind for k in layer) for layer in res.head_kind] for kind in HEAD_KINDS
         }
+        rows.append(res.geometry.layers_json())
         conditions[f"text {n}"] = {
-            "first_token_cosine": list(res.first_token_cosine),
+            "layers": rows[-1],
             "head_kind_census": census,
             "head_kind": res.head_kind,
         }
         _tick(callback, n + 1, len(ids))
-    cos = torch.tensor([c["first_token_cosine"] for c in conditions.values()])  # (B, L)
-    middle = list(thirds(n_layers).get("middle third", ())) or list(range(n_layers))
+    site = "attention_input"
+    cos = torch.tensor([[e["first_token_cosine"][site] for e in r] for r in rows])  # (B, L)
+    middle = middle_third(n_layers)
     mid = cos[:, middle]
-    n_pos = int((mid > 0).sum())
+    others = []
+    for s in ("residual", "key"):
+        vals = [e["first_token_cosine"][s] for r in rows for e in r if e["layer"] in middle]
+        if None not in vals:
+            others.append(f"{s} mean {mean(vals):.3f}")
     kinds = [k for c in conditions.values() for layer in c["head_kind"] for k in layer]
     counts = {k: kinds.count(k) for k in sorted(set(kinds))}
-    verdict = (
-        "<= 0 everywhere, as seed 004 says"
-        if n_pos == 0
-        else f"> 0 in {n_pos} of {mid.numel()} (text, layer) cells: seed 004's claim does not "
-        "hold here"
-    )
     finding = (
-        f"first-token cosine in the middle layers {middle[0]}..{middle[-1]} over {len(ids)} texts "
-        f"ranges {float(mid.min()):.3f}..{float(mid.max()):.3f} (mean {float(mid.mean()):.3f}): "
-        f"{verdict}; head kinds over all texts: " + ", ".join(f"{k} {v}" for k, v in counts.items())
+        f"{CLAIM_GEOMETRY}: at the attention input (each layer's input after its own input norm) "
+        f"the first-token cosine in the middle layers {middle[0]}..{middle[-1]} over {len(ids)} "
+        f"texts ranges {float(mid.min()):.3f}..{float(mid.max()):.3f} (mean "
+        f"{float(mid.mean()):.3f}), {geometry_verdict(cos, middle)}; the same layers at the other "
+        "sites: "
+        + (", ".join(others) or "none measured")
+        + "; head kinds over all texts: "
+        + ", ".join(f"{k} {v}" for k, v in counts.items())
     )
-    extra = {"mean_first_token_cosine": cos.mean(0).tolist(), "n_heads": n_heads}
+    extra = {
+        "layers": _mean_layers(rows),
+        "sites": list(SITES),
+        "verdict_site": site,
+        "middle_layers": middle,
+        "key_note": key_note,
+        "n_heads": n_heads,
+    }
     return conditions, extra, finding
-
-
-RUNNERS: dict[str, Callable[..., Out]] = {
-    "first-token": first_token_experiment,
-    "mask-sink": mask_sink_experiment,
-    "density": density_experiment,
-    "sensitivity": sensitivity_experiment,
-    "geometry": geometry_experiment,
-}
-
-
-def run_experiment(
-    name: str,
-    model: nn.Module,
-    tokenizer: Any,
-    ids: Tensor,
-    config: AblationConfig | None = None,
-    callback: ProgressCallback | None = None,
-) -> AblationResult:
-    """Run experiment ``name`` on ``ids`` (LongTensor (T,), or (B, T): B texts for geometry).
-
-    ``callback(done, total)`` reports progress over the experiment's conditions.
-    """
-    check_experiment(name)
-    config = config or AblationConfig()
-    ids = torch.as_tensor(ids).long()
-    ids = ids if ids.ndim == 2 else ids[None]  # (B, T)
-    if name != "geometry":
-        ids = ids[:1]
-    config.check_tokens(int(ids.shape[-1]))
-    config.check_model(*model_shape(model))
-    start = time.perf_counter()
-    conditions, extra, finding = RUNNERS[name](model, tokenizer, ids, config, callback)
-    seconds = time.perf_counter() - start
-    log.info("ablate %s: %.1fs: %s", name, seconds, finding)
-    return AblationResult(name, config, conditions, finding, extra)  # meta: the caller's

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -79,23 +78,47 @@ def plot_mask_sink(data: dict[str, Any], path: Path) -> Figure:
     )
 
 
+SITE_LABELS = {"residual": "residual stream", "attention_input": "attention input", "key": "keys"}
+
+
 def plot_density(data: dict[str, Any], path: Path) -> Figure:
-    cond = {k: v for k, v in data["conditions"].items() if v["lam"] is not None}
-    lams = [v["lam"] for v in cond.values()]
-    groups = [k for k in next(iter(cond.values())) if k.startswith("similarity (")]
-    curves = {g: [v[g] for v in cond.values()] for g in groups}
-    ppl = [v["perplexity"] for v in cond.values()]
-    fig, (a, b) = plt.subplots(1, 2, figsize=(10, 4))
-    for g, ys in curves.items():
-        a.plot(lams, ys, marker="o", label=g.removeprefix("similarity (").rstrip(")"))
-    a.set_xlabel("lam (0 = diagonal, 1 = uniform causal)")
-    a.set_ylabel("token similarity")
+    """Similarity after the modified layers vs the density parameter (both sites), perplexity,
+    and the per-layer attention-input similarity of every condition."""
+    param = data["parameter"]
+    cond = {k: v for k, v in data["conditions"].items() if v.get(param) is not None}
+    xs = [v[param] for v in cond.values()]
+    after = {s: [v["after_group_similarity"][s] for v in cond.values()] for s in data["sites"]}
+    ppl = [v["ppl"] for v in cond.values()]
+    fig, (a, b, c) = plt.subplots(1, 3, figsize=(14, 4))
+    for s, ys in after.items():
+        a.plot(xs, ys, marker="o", label=SITE_LABELS[s])
+    xlabel = {"lam": "lam (0 = the model, 1 = uniform causal)", "tau": "temperature tau"}[param]
+    if data["protocol"] == "replace":
+        xlabel = "lam (0 = identity, 1 = uniform causal)"
+    a.set_xlabel(xlabel)
+    a.set_ylabel("token similarity after the modified layers")
     a.legend(fontsize=7)
-    b.plot(lams, ppl, marker="o")
+    b.plot(xs, ppl, marker="o")
     b.set_yscale("log")
-    b.set_xlabel("lam")
+    b.set_xlabel(param)
     b.set_ylabel("perplexity")
-    return _save(fig, {"lam": lams, "similarity": curves, "perplexity": ppl}, data, path)
+    per_layer = {k: v["token_similarity"]["attention_input"] for k, v in data["conditions"].items()}
+    for k, ys in per_layer.items():
+        c.plot(range(len(ys)), ys, marker=".", label=k)
+    group = data["modified_layers"]
+    c.axvspan(group[0] - 0.5, group[-1] + 0.5, color="grey", alpha=0.15, label="modified")
+    c.set_xlabel("layer (last point: after the final norm)")
+    c.set_ylabel("token similarity, attention input")
+    c.legend(fontsize=6)
+    plotted = {
+        "protocol": data["protocol"],
+        param: xs,
+        "after_group_similarity": after,
+        "perplexity": ppl,
+        "token_similarity_attention_input": per_layer,
+        "modified_layers": group,
+    }
+    return _save(fig, plotted, data, path)
 
 
 def plot_sensitivity(data: dict[str, Any], path: Path) -> Figure:
@@ -135,17 +158,27 @@ def plot_sensitivity(data: dict[str, Any], path: Path) -> Figure:
 
 
 def plot_geometry(data: dict[str, Any], path: Path) -> Figure:
+    """First-token cosine and token similarity per layer at the three sites (mean over texts),
+    the middle layers of the verdict shaded; head kinds per layer."""
+    layers = data["layers"]
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4))
+    plotted: dict[str, Any] = {"middle_layers": data["middle_layers"]}
+    mid = data["middle_layers"]
+    for ax, metric in zip(axes[:2], ("first_token_cosine", "token_similarity"), strict=True):
+        curves = {}
+        for site in data["sites"]:
+            ys = [e[metric][site] for e in layers]
+            if any(y is None for y in ys):
+                continue
+            curves[site] = ys
+            ax.plot(range(len(ys)), ys, marker=".", label=SITE_LABELS[site])
+        ax.axhline(0.0, color="grey", lw=0.8, ls="--")
+        ax.axvspan(mid[0] - 0.5, mid[-1] + 0.5, color="grey", alpha=0.15, label="middle third")
+        ax.set_xlabel("layer")
+        ax.set_ylabel(metric.replace("_", " ") + " (mean over texts)")
+        ax.legend(fontsize=7)
+        plotted[metric] = curves
     cond = data["conditions"]
-    fig, (a, b) = plt.subplots(1, 2, figsize=(10, 4))
-    cos = {n: c["first_token_cosine"] for n, c in cond.items()}
-    for n, ys in cos.items():
-        a.plot(range(len(ys)), ys, alpha=0.5, label=n)
-    mean_cos = data["mean_first_token_cosine"]
-    a.plot(range(len(mean_cos)), mean_cos, color="k", lw=2, label="mean")
-    a.axhline(0.0, color="grey", lw=0.8, ls="--")
-    a.set_xlabel("layer")
-    a.set_ylabel("first-token cosine")
-    a.legend(fontsize=7)
     first = next(iter(cond.values()))["head_kind_census"]
     kinds = list(first)
     n = len(cond)
@@ -158,19 +191,10 @@ def plot_geometry(data: dict[str, Any], path: Path) -> Figure:
     }
     bottom = [0.0] * len(first[kinds[0]])
     for k in kinds:
-        b.bar(range(len(bottom)), census[k], bottom=bottom, label=k)
+        axes[2].bar(range(len(bottom)), census[k], bottom=bottom, label=k)
         bottom = [x + y for x, y in zip(bottom, census[k], strict=True)]
-    b.set_xlabel("layer")
-    b.set_ylabel("heads (mean over texts)")
-    b.legend(fontsize=7)
-    plotted = {"first_token_cosine": cos, "mean_first_token_cosine": mean_cos, "census": census}
+    axes[2].set_xlabel("layer")
+    axes[2].set_ylabel("heads (mean over texts)")
+    axes[2].legend(fontsize=7)
+    plotted["census"] = census
     return _save(fig, plotted, data, path)
-
-
-PLOTS: dict[str, Callable[[dict[str, Any], Path], Figure]] = {
-    "first-token": plot_first_token,
-    "mask-sink": plot_mask_sink,
-    "density": plot_density,
-    "sensitivity": plot_sensitivity,
-    "geometry": plot_geometry,
-}

@@ -35,8 +35,27 @@ def _floats(value: str | None, name: str) -> tuple[float, ...] | None:
 
 
 def _ints(value: str | None, name: str) -> tuple[int, ...] | None:
+    """'0,2' or a range '4-8' (inclusive) or both: '0,4-8'."""
+    if value is not None and "-" in value:
+        out: list[int] = []
+        for part in (p.strip() for p in value.split(",") if p.strip()):
+            lo, sep, hi = part.partition("-")
+            if not sep:
+                out += parse_int_list(part, name) or []
+                continue
+            a, b = parse_int_list(lo, name), parse_int_list(hi, name)
+            if not a or not b or a[0] > b[0]:
+                raise SinklabError(f"{name}: range {part!r} must be A-B with A <= B, e.g. 4-8")
+            out += range(a[0], b[0] + 1)
+        return tuple(out)
     parsed = parse_int_list(value, name)
     return None if parsed is None else tuple(parsed)
+
+
+def _experiment_help() -> str:
+    from sinklab.ablate.registry import RECORDS
+
+    return "; ".join(f"{r.name}: {r.help}" for r in RECORDS)
 
 
 def ablate(
@@ -45,7 +64,7 @@ def ablate(
         typer.Option(
             "--experiment",
             "-e",
-            help="first-token | mask-sink | density | sensitivity | geometry",
+            help=_experiment_help(),
         ),
     ],
     model: ModelOpt = None,
@@ -57,10 +76,26 @@ def ablate(
         str, typer.Option(help="Sink key positions to mask, e.g. 0 or 0,1.")
     ] = "0",
     layers: Annotated[
-        str | None, typer.Option(help="Layers to intervene on (default all).")
+        str | None,
+        typer.Option(
+            help="Layers to intervene on, e.g. 0,2 or 10-19 (default all; density: the middle "
+            "third)."
+        ),
     ] = None,
     heads: Annotated[str | None, typer.Option(help="Heads to intervene on (default all).")] = None,
-    lams: Annotated[str | None, typer.Option(help="density: lam values in [0, 1].")] = None,
+    protocol: Annotated[
+        str,
+        typer.Option(
+            help="density: mix (model + uniform), temperature (softmax(s / tau)) or replace "
+            "(identity/uniform; confounded, see docs/experiments.md)."
+        ),
+    ] = "mix",
+    lams: Annotated[
+        str | None, typer.Option(help="density mix / replace: lam values in [0, 1].")
+    ] = None,
+    temperatures: Annotated[
+        str | None, typer.Option(help="density temperature: tau values > 0, e.g. 0.5,1,2.")
+    ] = None,
     grid: Annotated[int, typer.Option(help="sensitivity: grid x grid positions.")] = 16,
     probes: Annotated[
         int, typer.Option(help="sensitivity: Hutchinson probes per query; 0 = exact (slow).")
@@ -73,7 +108,8 @@ def ablate(
     """Test a seed's causal claim on a model: numbers in DIR/ablate.json, a figure beside it.
 
     Examples: sinklab ablate -e first-token --tokens 256;
-    sinklab ablate -e density --lams 0,0.5,1 --out runs/density
+    sinklab ablate -e density --lams 0,0.5,1 --out runs/density;
+    sinklab ablate -e density --protocol temperature --temperatures 0.5,1,2 --layers 10-19
     """
     from sinklab.ablate import AblationConfig, check_experiment, run_experiment
     from sinklab.ablate.core import model_shape
@@ -84,7 +120,9 @@ def ablate(
 
     # Cheap checks first: nothing loads before the arguments are known to be sane.
     check_experiment(experiment)
-    kw = {"lams": _floats(lams, "--lams")} if lams is not None else {}
+    kw: dict = {"lams": _floats(lams, "--lams")} if lams is not None else {}
+    if temperatures is not None:
+        kw["temperatures"] = _floats(temperatures, "--temperatures")
     config = AblationConfig(
         q0=q0,
         positions=_ints(positions, "--positions") or (0,),
@@ -92,6 +130,7 @@ def ablate(
         heads=_ints(heads, "--heads"),
         grid=grid,
         probes=probes,
+        protocol=protocol,
         seed=seed,
         **kw,
     )
@@ -104,7 +143,9 @@ def ablate(
         loaded = load_model(model, trust_remote_code=trust_remote_code)
     config.check_model(*model_shape(loaded.model))  # layer / head ranges, before any work
     tok = loaded.tokenizer
-    n_rows = texts if experiment == "geometry" else 1
+    from sinklab.ablate import get_experiment
+
+    n_rows = texts if get_experiment(experiment).texts else 1
     docs = documents(text) if text in (None, "shakespeare") else [txt]
     if len(docs) >= n_rows:
         rows = [token_stream(d, tok, tokens) for d in docs[:n_rows]]

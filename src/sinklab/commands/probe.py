@@ -70,6 +70,12 @@ def summary_lines(data: dict[str, Any], eps: float, top: int = 5) -> list[str]:
         )
     pos = ", ".join(f"{p['position']} ({p['mass']:.3f})" for p in data["sink_positions"])
     lines.append(f"sink positions (key: mean received attention): {pos or 'none'}")
+    geo = data.get("geometry")
+    for metric in ("first_token_cosine", "token_similarity") if geo else ():
+        for site in geo["sites"]:  # per layer at each site (sinklab.geometry)
+            vals = [e[metric][site] for e in geo["layers"]]
+            shown = " ".join("-" if v is None else f"{v:.2f}" for v in vals)
+            lines.append(f"{metric.replace('_', ' ')} per layer, {site.replace('_', ' ')}: {shown}")
     if "by_length" in data:
         trend = "; ".join(
             f"{e['tokens']}: rate {e['sink_rate'].get(f'{eps:g}', float('nan')):.1%}, "

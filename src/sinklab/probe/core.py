@@ -3,6 +3,7 @@ forward, memory-bounded; ``probe_lengths`` repeats it over prefixes of the same 
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import logging
 import math
@@ -15,6 +16,7 @@ import torch
 from torch import Tensor, nn
 
 from sinklab.errors import SinklabError
+from sinklab.geometry import Geometry, capture_geometry
 from sinklab.probe.capture import HiddenCapture, ProbeCapture, decoder_layers
 from sinklab.probe.spec import BY_NAME, names
 from sinklab.rotary import text_config
@@ -80,6 +82,8 @@ class ProbeResult:
     sink_rate: dict[str, float]
     sink_positions: list[dict[str, float | int]]
     meta: dict[str, Any] = field(default_factory=dict)
+    # first-token cosine / token similarity per layer at three sites (sinklab.geometry)
+    geometry: Geometry | None = None
 
     @property
     def n_layers(self) -> int:
@@ -96,6 +100,7 @@ class ProbeResult:
         for key in names(in_json=True):
             value = getattr(self, key)
             data[key] = value.tolist() if isinstance(value, Tensor) else type(value)(value)
+        data["geometry"] = None if self.geometry is None else self.geometry.to_json()
         return data
 
 
@@ -154,7 +159,8 @@ def probe(
     hidden = HiddenCapture(blocks or [], on_layer=tick)
     start = time.perf_counter()
     device = next(model.parameters()).device
-    with torch.no_grad(), sinklab_attention(model, capture), hidden:
+    sites = capture_geometry(model) if blocks is not None else contextlib.nullcontext()
+    with torch.no_grad(), sinklab_attention(model, capture), hidden, sites as geo:
         model(ids.to(device), **_forward_kwargs(model))
     seconds = time.perf_counter() - start
     missing = sorted(set(range(n_layers)) - set(capture.sums))
@@ -173,6 +179,7 @@ def probe(
         config=config,
         n_tokens=n_tokens,
         **values,
+        geometry=geo,
     )
     log.info("probe: %d tokens, %d layers x %d heads, %.1fs", n_tokens, n_layers, n_heads, seconds)
     return result

@@ -1,4 +1,5 @@
-"""The ablation stages: one per ``sinklab.ablate`` experiment, its JSON, figure and finding."""
+"""The ablation stages: one per ``sinklab.ablate`` experiment record (title, what it tests,
+caption: :mod:`sinklab.ablate.registry`), its JSON, figure and finding."""
 
 from __future__ import annotations
 
@@ -22,38 +23,6 @@ from sinklab.report.stages import (
 
 MAX_ROWS = 40
 
-EXPERIMENTS: dict[str, tuple[str, str, str]] = {  # name: (title, about, figure caption)
-    "first-token": (
-        "Ablation: the first token",
-        "Perplexity and sink strength with the first token kept, dropped or replaced.",
-        "Perplexity on the same targets per first-token condition (log), and mean sink mass per "
-        "layer.",
-    ),
-    "mask-sink": (
-        "Ablation: masking the sink",
-        "Attention to the sink zeroed and renormalised in all, the first, middle or last third "
-        "of the layers: perplexity and token similarity.",
-        "Perplexity per masking condition (log), and token similarity per layer.",
-    ),
-    "density": (
-        "Ablation: attention density",
-        "Weights replaced by (1 - lam) identity + lam uniform-causal: does denser attention raise "
-        "token similarity (oversmoothing)?",
-        "Token similarity against lam, one curve per layer group; perplexity against lam.",
-    ),
-    "sensitivity": (
-        "Ablation: sensitivity (Jacobian norms)",
-        "||d h_L[t] / d x_i|| over a grid of (t, i), with and without the sink masked.",
-        "Jacobian norm matrices with and without the sink, and the mean by distance t - i.",
-    ),
-    "geometry": (
-        "Ablation: geometry and head kinds",
-        "First-token cosine per layer on several texts, and the census of head kinds per layer.",
-        "First-token cosine per layer, one line per text; head kinds per layer.",
-    ),
-}
-
-
 GEOMETRY_TEXTS = 3  # geometry: this many texts (plays of the default corpus, else windows)
 
 
@@ -64,7 +33,7 @@ def _params(name: str):
         p: dict[str, Any] = {"tokens": tokens, "q0": min(c.q0, tokens - 1), "seed": c.seed}
         if name == "sensitivity":
             p["grid"] = min(c.sensitivity_grid, tokens)
-        if name == "geometry":
+        if _record(name).texts:
             p["texts"] = GEOMETRY_TEXTS
         return p
 
@@ -105,7 +74,7 @@ def _run(name: str):
         p = _params(name)(ctx)
         config = AblationConfig(q0=p["q0"], grid=p.get("grid", 16), seed=p["seed"])
         n = p["tokens"]
-        ids = _geometry_ids(ctx, p["texts"], n) if name == "geometry" else ctx.ids(n)
+        ids = _geometry_ids(ctx, p["texts"], n) if "texts" in p else ctx.ids(n)
 
         def callback(done: int, total: int) -> None:
             ctx.progress(done / max(1, total), f"condition {done}/{total}")
@@ -119,7 +88,7 @@ def _run(name: str):
         png = ctx.figures_dir / f"{name}.png"
         result.figure(png)
         _, tables = generic_view(data, ctx.figures_dir, name, curves=False)
-        return StageOutput(data, [FigureSpec(png, EXPERIMENTS[name][2])], tables)
+        return StageOutput(data, [FigureSpec(png, _record(name).caption)], tables)
 
     return run
 
@@ -204,8 +173,18 @@ def _cost(name: str):
     return cost
 
 
+def _record(name: str) -> Any:
+    from sinklab.ablate.registry import get_experiment
+
+    return get_experiment(name)
+
+
 def ablation_stages() -> list[Stage]:
+    from sinklab.ablate.registry import RECORDS
+
     return [
-        Stage(name, title, about, _cost(name), _params(name), _command(name), _run(name))
-        for name, (title, about, _) in EXPERIMENTS.items()
+        Stage(
+            r.name, r.title, r.tests, _cost(r.name), _params(r.name), _command(r.name), _run(r.name)
+        )
+        for r in RECORDS
     ]

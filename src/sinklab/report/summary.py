@@ -15,8 +15,6 @@ from sinklab.report.stages import ReportConfig, StageResult
 
 log = logging.getLogger(__name__)
 
-ABLATIONS = ("first-token", "mask-sink", "density", "sensitivity", "geometry")
-
 
 def _pct(x: float) -> str:
     return f"{100 * x:.0f}%"
@@ -162,11 +160,13 @@ def headline(results: Sequence[StageResult], config: ReportConfig) -> list[str]:
         sentences.append(_sentence_or_none(length_sentence, ok["probe-lengths"], config))
     if "stream" in ok:
         sentences.append(_sentence_or_none(stream_sentence, ok["stream"], config))
-    for name in ABLATIONS:
-        finding = ok.get(name, {}).get("finding")
-        if finding:
-            end = "" if finding.endswith(".") else "."
-            sentences.append(f"Ablation, {name}: {finding}{end}")
+    from sinklab.ablate.registry import RECORDS  # each experiment's own summary sentence
+
+    for rec in RECORDS:
+        if rec.name in ok:
+            sentences.append(
+                _sentence_or_none(lambda d, c, r=rec: r.summary(d), ok[rec.name], config)
+            )
     failed = [r.name for r in results if r.status != "ok"]
     if failed:
         sentences.append(

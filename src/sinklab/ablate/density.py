@@ -1,0 +1,158 @@
+"""Density: does denser attention raise token similarity (oversmoothing)? Three protocols.
+
+* ``mix`` (default): ``(1 - lam) * w_model + lam * uniform-causal`` in the chosen layers;
+* ``temperature``: ``softmax(s / tau)`` in those layers (``tau < 1`` sharper, ``> 1`` denser);
+* ``replace``: ``(1 - lam) * identity + lam * uniform-causal``, the model's weights discarded.
+
+Each condition is one forward: perplexity, and the mean token similarity at the residual and
+attention-input sites of every layer (:mod:`sinklab.geometry`), plus the final hidden state. The
+finding applies the rule of docs/experiments.md to the entries after the modified layers.
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any
+
+from torch import Tensor, nn
+
+from sinklab.ablate.core import AblationConfig, ProgressCallback, model_shape
+from sinklab.ablate.perplexity import perplexity
+from sinklab.geometry import capture_geometry, middle_third, nan_mean
+from sinklab.interventions import (
+    AttentionMix,
+    AttentionReplace,
+    AttentionTemperature,
+    intervene,
+)
+
+PROTOCOLS = ("mix", "temperature", "replace")
+DENSITY_SITES = ("residual", "attention_input")
+TOLERANCE = 0.01  # cosine: smaller changes (and steps against the trend) count as no change
+CLAIM_DENSITY = (
+    "Sukenik et al., 'Sink vs. diagonal patterns' (denser attention raises token similarity)"
+)
+CONFOUND = (
+    "confound: at small lam every token attends only to itself, i.e. behaves as a first token, "
+    "and first tokens carry the model's massive activations; use --protocol mix or temperature "
+    "to perturb the trained attention instead"
+)
+
+
+def density_layers(config: AblationConfig, n_layers: int) -> list[int]:
+    """The modified layers: ``config.layers`` or the middle third."""
+    return sorted(config.layers) if config.layers else middle_third(n_layers)
+
+
+def _plan(config: AblationConfig) -> tuple[str, tuple[float, ...]]:
+    """(parameter name, values ordered from sparsest to densest attention)."""
+    if config.protocol == "temperature":
+        return "tau", tuple(sorted(config.temperatures))
+    return "lam", tuple(sorted(config.lams))
+
+
+def _handler(protocol: str, value: float, layers: frozenset[int], heads: frozenset[int] | None):
+    if protocol == "mix":
+        return AttentionMix(layers, heads, lam=value)
+    if protocol == "temperature":
+        return AttentionTemperature(layers, heads, tau=value)
+    return AttentionReplace(layers, heads, lam=value)
+
+
+def after_group(series: list[float | None], group: list[int]) -> float:
+    """Mean of a per-layer series (L + 1 entries: entering layers 0..L-1, then the final hidden
+    state) over the entries after the modified ``group``: layers max(group)+1 .. L."""
+    return nan_mean(series[max(group) + 1 :])
+
+
+def density_verdict(values: list[float], tolerance: float = TOLERANCE) -> tuple[str, float]:
+    """The rule of docs/experiments.md on ``values`` ordered from sparsest to densest attention:
+    (``holds`` | ``holds in trend`` | ``no change`` | ``does not hold``, densest - sparsest)."""
+    delta = values[-1] - values[0]
+    steps = [b - a for a, b in itertools.pairwise(values)]
+    if abs(delta) <= tolerance:
+        return "no change", delta
+    if delta < 0:
+        return "does not hold", delta
+    return ("holds" if all(s >= -tolerance for s in steps) else "holds in trend"), delta
+
+
+def density_experiment(
+    model: nn.Module,
+    tokenizer: Any,
+    ids: Tensor,
+    config: AblationConfig,
+    callback: ProgressCallback | None = None,
+) -> tuple[dict[str, dict[str, Any]], dict[str, Any], str]:
+    n_layers, _ = model_shape(model)
+    group = density_layers(config, n_layers)
+    heads = frozenset(config.heads) if config.heads else None
+    param, values = _plan(config)
+    plan: list[float | None] = [None, *values]
+    conditions: dict[str, dict[str, Any]] = {}
+    layers = frozenset(group)
+    for n, value in enumerate(plan):
+        handlers = [] if value is None else [_handler(config.protocol, value, layers, heads)]
+        with intervene(model, *handlers), capture_geometry(model, DENSITY_SITES) as geo:
+            ppl = perplexity(model, ids, config.first_target)
+        sim = {s: geo.series("token_similarity", s, final=True) for s in DENSITY_SITES}
+        conditions["unmodified" if value is None else f"{param}={value:g}"] = {
+            param: value,
+            "ppl": ppl.perplexity,
+            "nll": ppl.nll,
+            "n_targets": ppl.n_targets,
+            "token_similarity": sim,
+            "after_group_similarity": {s: after_group(sim[s], group) for s in DENSITY_SITES},
+        }
+        if callback is not None:
+            callback(n + 1, len(plan))
+    curves = {
+        s: [conditions[f"{param}={v:g}"]["after_group_similarity"][s] for v in values]
+        for s in DENSITY_SITES
+    }
+    finding = _finding(config.protocol, param, values, curves, conditions, group, n_layers)
+    extra = {
+        "protocol": config.protocol,
+        "parameter": param,
+        "values": list(values),
+        "modified_layers": group,
+        "after_layers": [*range(max(group) + 1, n_layers), "final"],
+        "sites": list(DENSITY_SITES),
+        "verdicts": {s: density_verdict(curves[s])[0] for s in DENSITY_SITES},
+    }
+    return conditions, extra, finding
+
+
+def _finding(
+    protocol: str,
+    param: str,
+    values: tuple[float, ...],
+    curves: dict[str, list[float]],
+    conditions: dict[str, dict[str, Any]],
+    group: list[int],
+    n_layers: int,
+) -> str:
+    after = f"layers {max(group) + 1}..{n_layers - 1} and the final hidden state"
+    if max(group) + 1 >= n_layers:
+        after = "the final hidden state"
+    parts = []
+    for site in ("attention_input", "residual"):
+        verdict, delta = density_verdict(curves[site])
+        c = curves[site]
+        parts.append(
+            f"at the {site.replace('_', ' ')} it goes {c[0]:.3f} -> {c[-1]:.3f} ({delta:+.3f}): "
+            f"{verdict}"
+        )
+    lo, hi = (conditions[f"{param}={v:g}"]["ppl"] for v in (values[0], values[-1]))
+    how = {
+        "mix": "mixing the model's attention with uniform causal attention",
+        "temperature": "dividing the attention scores by a temperature",
+        "replace": "replacing the attention by identity/uniform mixtures",
+    }[protocol]
+    text = (
+        f"{CLAIM_DENSITY}: {how} in layers {group[0]}..{group[-1]} from {param}={values[0]:g} "
+        f"(sparsest) to {param}={values[-1]:g} (densest), mean token similarity over {after} "
+        + "; ".join(parts)
+        + f"; perplexity {lo:.1f} -> {hi:.1f}"
+    )
+    return f"{text}; {CONFOUND}" if protocol == "replace" else text

@@ -1,0 +1,273 @@
+"""Token geometry at three sites of every layer: where a cosine is measured decides what it says.
+
+For layer ``l`` (docs/experiments.md, "Geometry"):
+
+* ``residual``: the residual stream *entering* layer ``l`` (``hidden_states[l]`` of transformers);
+* ``attention_input``: what the layer's attention module receives, i.e. the residual after the
+  layer's own input norm (Llama RMSNorm, Gemma ``(1 + w)`` RMSNorm, GPT-2 ``ln_1``), captured with
+  a forward pre-hook on the attention module: the model's own norm, never a re-implementation;
+* ``key``: the key projection of that input before RoPE (``k_proj``'s output, or ``k_norm``'s where
+  the model has one; GPT-2's fused ``c_attn`` is split), per KV head: the cosine of a head's key
+  vectors, averaged over the KV heads. ``None`` where no key projection is reachable, with a reason.
+
+Pure functions (:func:`first_token_cosine`, :func:`token_similarity`: docs/metrics.md's
+definitions, applied per head group) and one context manager, :func:`capture_geometry`, whose
+hooks compute the numbers as each layer runs (a few floats per layer are kept) and are always
+removed on exit.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+from torch.utils.hooks import RemovableHandle
+
+from sinklab.errors import SinklabError
+from sinklab.rotary import text_config
+
+SITES = ("residual", "attention_input", "key")
+METRICS = ("first_token_cosine", "token_similarity")
+FINAL_NORMS = ("norm", "ln_f", "final_layernorm", "final_norm")
+
+
+# --------------------------------------------------------------------------- pure functions
+def _unit(x: Tensor) -> Tensor:
+    x = x.double()
+    return x / torch.linalg.vector_norm(x, dim=-1, keepdim=True).clamp_min(1e-30)
+
+
+def _first_cos(x: Tensor) -> float:
+    """(T, d) -> mean over j >= 1 of cos(x_0, x_j)."""
+    u = _unit(x)
+    return float((u[1:] @ u[0]).mean()) if x.shape[0] > 1 else float("nan")
+
+
+def _pair_cos(x: Tensor) -> float:
+    """(T, d) -> mean cos(x_i, x_j) over i != j, i, j >= 1; O(T d) via ||sum u||^2 - n."""
+    u = _unit(x[1:])
+    n = u.shape[0]
+    if n < 2:
+        return float("nan")
+    s = u.sum(0)
+    return float((s @ s - (u * u).sum()) / (n * (n - 1)))
+
+
+def _groups(x: Tensor) -> Tensor:
+    """(T, d) -> (1, T, d); (T, G, d) (per-head vectors) -> (G, T, d)."""
+    if x.dim() == 2:
+        return x[None]
+    if x.dim() == 3:
+        return x.transpose(0, 1)
+    raise ValueError(f"expected (T, d) or (T, G, d), got {tuple(x.shape)}")
+
+
+def first_token_cosine(x: Tensor) -> float:
+    """Mean over j >= 1 of ``cos(x_0, x_j)``; for (T, G, d) the mean over the G groups (heads)."""
+    return sum(_first_cos(g) for g in _groups(x)) / _groups(x).shape[0]
+
+
+def token_similarity(x: Tensor) -> float:
+    """Mean pairwise cosine over i != j, i, j >= 1; for (T, G, d) the mean over the G groups."""
+    return sum(_pair_cos(g) for g in _groups(x)) / _groups(x).shape[0]
+
+
+def site_numbers(x: Tensor) -> dict[str, float]:
+    """Both metrics of one site's vectors (B, T, ...) : the mean over the batch rows."""
+    rows = x.detach()
+    return {
+        "first_token_cosine": sum(first_token_cosine(r) for r in rows) / rows.shape[0],
+        "token_similarity": sum(token_similarity(r) for r in rows) / rows.shape[0],
+    }
+
+
+# --------------------------------------------------------------------------- result
+@dataclass
+class Geometry:
+    """Per-layer numbers by site: ``values[site][metric][layer]`` (None where not measured).
+
+    ``final`` holds the same numbers after the last layer: ``residual`` on the final hidden state
+    *before* the final norm, ``attention_input`` on its output (what the LM head reads); empty when
+    the model has no final norm sinklab can find. ``key_note`` says why ``key`` is None, if it is.
+    """
+
+    n_layers: int
+    values: dict[str, dict[str, list[float | None]]]
+    final: dict[str, dict[str, float]] = field(default_factory=dict)
+    key_note: str | None = None
+
+    def series(self, metric: str, site: str, final: bool = False) -> list[float | None]:
+        """``metric`` at ``site`` per layer (and the final entry when ``final``)."""
+        out = list(self.values[site][metric])
+        if final:
+            out.append(self.final.get(site, {}).get(metric))
+        return out
+
+    def layers_json(self) -> list[dict[str, Any]]:
+        """``[{"layer": l, "first_token_cosine": {site: x}, "token_similarity": {site: y}}]``."""
+        return [
+            {"layer": li, **{m: {s: self.values[s][m][li] for s in SITES} for m in METRICS}}
+            for li in range(self.n_layers)
+        ]
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "sites": list(SITES),
+            "layers": self.layers_json(),
+            "final": self.final,
+            "key_note": self.key_note,
+        }
+
+
+# --------------------------------------------------------------------------- locating modules
+def _attention(block: nn.Module) -> nn.Module:
+    for mod in block.modules():
+        if mod is not block and hasattr(mod, "layer_idx"):
+            return mod
+    raise SinklabError(f"{type(block).__name__} holds no attention module with a layer_idx")
+
+
+def decoder_blocks(model: nn.Module, n_layers: int) -> list[nn.Module] | None:
+    """The ModuleList of ``n_layers`` blocks whose attention modules have ``layer_idx`` 0..n-1."""
+    for mod in model.modules():
+        if isinstance(mod, nn.ModuleList) and len(mod) == n_layers:
+            idx = [
+                next((int(m.layer_idx) for m in b.modules() if hasattr(m, "layer_idx")), None)
+                for b in mod
+            ]
+            if idx == list(range(n_layers)):
+                return list(mod)
+    return None
+
+
+def _key_source(attn: nn.Module, cfg: Any) -> tuple[nn.Module, Any] | str:
+    """(module, output -> (B, T, KV, hd) keys) or the reason the keys are not reachable."""
+    n_heads = int(cfg.num_attention_heads)
+    n_kv = int(getattr(cfg, "num_key_value_heads", None) or n_heads)
+    hd = int(getattr(attn, "head_dim", 0) or cfg.hidden_size // n_heads)
+
+    def heads(k: Tensor) -> Tensor:
+        return k.reshape(*k.shape[:2], -1, hd)  # (B, T, KV, hd)
+
+    if isinstance(getattr(attn, "k_norm", None), nn.Module):  # Qwen3 / Gemma3: norm before RoPE
+        return attn.k_norm, lambda out: out if out.dim() == 4 else heads(out)
+    if isinstance(getattr(attn, "k_proj", None), nn.Module):
+        return attn.k_proj, heads
+    if isinstance(getattr(attn, "c_attn", None), nn.Module) and not getattr(
+        attn, "is_cross_attention", False
+    ):  # GPT-2: fused [q | k | v], each hidden_size wide
+        d = int(cfg.hidden_size)
+        return attn.c_attn, lambda out: heads(out[..., d : 2 * d])
+    if isinstance(getattr(attn, "qkv_proj", None), nn.Module):  # Phi-3: [q (H hd) | k | v]
+        q, k = n_heads * hd, n_kv * hd
+        return attn.qkv_proj, lambda out: heads(out[..., q : q + k])
+    return (
+        f"{type(attn).__name__} has no k_proj, k_norm, c_attn or qkv_proj sinklab can split, so "
+        "its keys are not reachable"
+    )
+
+
+def _final_norm(model: nn.Module) -> nn.Module | None:
+    base = getattr(model, getattr(model, "base_model_prefix", ""), None) or model
+    for name in FINAL_NORMS:
+        mod = getattr(base, name, None)
+        if isinstance(mod, nn.Module):
+            return mod
+    return None
+
+
+def _hidden_arg(args: tuple, kwargs: dict[str, Any]) -> Tensor:
+    return args[0] if args else kwargs["hidden_states"]
+
+
+# --------------------------------------------------------------------------- capture
+@contextmanager
+def capture_geometry(
+    model: nn.Module, sites: tuple[str, ...] = SITES, final: bool = True
+) -> Iterator[Geometry]:
+    """Hooks that fill a :class:`Geometry` during every forward inside the block (the last forward
+    wins); removed on exit, also on error. ``sites`` limits the work (unlisted sites stay None)."""
+    unknown = [s for s in sites if s not in SITES]
+    if unknown:
+        raise SinklabError(f"unknown geometry sites {unknown}; use: {', '.join(SITES)}")
+    cfg = text_config(model)
+    n_layers = int(cfg.num_hidden_layers)
+    blocks = decoder_blocks(model, n_layers)
+    if blocks is None:
+        raise SinklabError(
+            f"{type(model).__name__}: no list of {n_layers} decoder layers found, so sinklab "
+            "cannot measure per-layer geometry"
+        )
+    geo = Geometry(n_layers, {s: {m: [None] * n_layers for m in METRICS} for s in SITES})
+    handles: list[RemovableHandle] = []
+
+    def put(site: str, layer: int, x: Tensor) -> None:
+        for m, v in site_numbers(x).items():
+            geo.values[site][m][layer] = v
+
+    def pre(site: str, layer: int):
+        def hook(module: nn.Module, args: tuple, kwargs: dict[str, Any]) -> None:
+            put(site, layer, _hidden_arg(args, kwargs))
+
+        return hook
+
+    def keys(layer: int, to_heads):
+        def hook(module: nn.Module, args: tuple, output: Tensor) -> None:
+            put("key", layer, to_heads(output))  # (B, T, KV, hd): per-head cosines
+
+        return hook
+
+    def final_hook(module: nn.Module, args: tuple, output: Tensor) -> None:
+        geo.final["residual"] = site_numbers(args[0])
+        geo.final["attention_input"] = site_numbers(output)
+
+    try:
+        for li, blk in enumerate(blocks):
+            attn = _attention(blk)
+            if "residual" in sites:
+                handles.append(blk.register_forward_pre_hook(pre("residual", li), with_kwargs=True))
+            if "attention_input" in sites:
+                hook = pre("attention_input", li)
+                handles.append(attn.register_forward_pre_hook(hook, with_kwargs=True))
+            if "key" in sites:
+                src = _key_source(attn, cfg)
+                if isinstance(src, str):
+                    geo.key_note = src
+                else:
+                    handles.append(src[0].register_forward_hook(keys(li, src[1])))
+        norm = _final_norm(model) if final else None
+        if norm is not None:
+            handles.append(norm.register_forward_hook(final_hook))
+        yield geo
+    finally:
+        for hd in handles:
+            hd.remove()
+
+
+def geometry(model: nn.Module, ids: Tensor, sites: tuple[str, ...] = SITES) -> Geometry:
+    """One forward over ``ids`` ((T,) or (B, T); B rows are averaged) with the hooks on."""
+    ids = torch.as_tensor(ids).long()
+    ids = ids if ids.dim() == 2 else ids[None]  # (B, T)
+    if ids.shape[-1] < 3:
+        raise SinklabError(f"geometry needs at least 3 tokens, got {ids.shape[-1]}")
+    device = next(model.parameters()).device
+    with torch.no_grad(), capture_geometry(model, sites) as geo:
+        model(ids.to(device), use_cache=False)
+    return geo
+
+
+def middle_third(n_layers: int) -> list[int]:
+    """The middle third of ``range(n_layers)`` (np.array_split sizes; all layers if < 3)."""
+    chunks = torch.arange(n_layers).tensor_split(3)
+    mid = [int(x) for x in chunks[1]] if n_layers >= 3 else []
+    return mid or list(range(n_layers))
+
+
+def nan_mean(xs: list[float | None]) -> float:
+    vals = [x for x in xs if x is not None and not math.isnan(x)]
+    return sum(vals) / len(vals) if vals else float("nan")
