@@ -45,3 +45,38 @@ def test_summary_sentence_comes_from_the_record():
     rec = get_experiment("density")
     out = headline([Result("density", {"finding": "x rises"})], config=None)
     assert out == [f"{rec.title}: x rises."] == [rec.summary({"finding": "x rises"})]
+
+
+def _sims(residual: float, attention_input: float) -> dict[str, float]:
+    return {"residual": residual, "attention_input": attention_input}
+
+
+def test_site_tables_point_at_the_numbers():
+    from sinklab.report.catalog_ablate import site_tables
+    from sinklab.report.stages import lookup
+
+    sites = ["residual", "attention_input", "key"]
+    geo = {
+        "sites": sites,
+        "layers": [
+            {"layer": i, "first_token_cosine": dict.fromkeys(sites, 0.1 * i),
+             "token_similarity": {"residual": 0.5, "attention_input": 0.4, "key": None}}
+            for i in range(3)
+        ],
+    }  # fmt: skip
+    (table,) = site_tables(geo)
+    assert len(table.rows) == 3 and len(table.columns) == 7
+    assert lookup(geo, table.rows[2][1].path) == 0.2 and lookup(geo, table.rows[0][6].path) is None
+    dens = {
+        "protocol": "mix",
+        "parameter": "lam",
+        "sites": ["residual", "attention_input"],
+        "modified_layers": [1, 2],
+        "conditions": {
+            "unmodified": {"lam": None, "ppl": 9.0, "after_group_similarity": _sims(0.3, 0.2)},
+            "lam=1": {"lam": 1.0, "ppl": 12.0, "after_group_similarity": _sims(0.6, 0.7)},
+        },
+    }
+    (table,) = site_tables(dens)
+    assert [lookup(dens, c.path) for c in table.rows[1][1:]] == [1.0, 12.0, 0.6, 0.7]
+    assert "after layer 2" in table.columns[3]

@@ -88,9 +88,46 @@ def _run(name: str):
         png = ctx.figures_dir / f"{name}.png"
         result.figure(png)
         _, tables = generic_view(data, ctx.figures_dir, name, curves=False)
+        tables = [*site_tables(data), *tables]
         return StageOutput(data, [FigureSpec(png, _record(name).caption)], tables)
 
     return run
+
+
+SITE_NAMES = {"residual": "residual", "attention_input": "attention input", "key": "keys"}
+
+
+def site_tables(data: dict[str, Any]) -> list[TableSpec]:
+    """Per-site tables: geometry's per-layer numbers at each site, density's similarity after
+    the modified layers per condition and site. Every cell points at its number in the JSON."""
+    out: list[TableSpec] = []
+    if isinstance(data.get("layers"), list) and data.get("sites"):
+        sites = data["sites"]
+        metrics = ("first_token_cosine", "token_similarity")
+        cols = [f"{m.replace('_', ' ')}, {SITE_NAMES.get(s, s)}" for m in metrics for s in sites]
+        rows = tuple(
+            (Cell(e["layer"]), *(Cell(None, ("layers", i, m, s)) for m in metrics for s in sites))
+            for i, e in enumerate(data["layers"])
+        )
+        out.append(TableSpec("per layer and site (mean over texts)", ("layer", *cols), rows))
+    if data.get("protocol") and data.get("sites"):
+        sites, param = data["sites"], data["parameter"]
+        rows = tuple(
+            (
+                Cell(k),
+                Cell(None, ("conditions", k, param)),
+                Cell(None, ("conditions", k, "ppl")),
+                *(Cell(None, ("conditions", k, "after_group_similarity", s)) for s in sites),
+            )
+            for k in data["conditions"]
+        )
+        cols = tuple(
+            f"similarity after layer {max(data['modified_layers'])}, {SITE_NAMES.get(s, s)}"
+            for s in sites
+        )
+        caption = f"protocol {data['protocol']}: per condition"
+        out.append(TableSpec(caption, ("condition", param, "perplexity", *cols), rows))
+    return out
 
 
 def _is_num(x: Any) -> bool:
