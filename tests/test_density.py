@@ -148,7 +148,7 @@ def test_density_experiment_json(model, tiny_tokenizer, ids, protocol):
     identity = "tau=1" if protocol == "temperature" else "lam=0"
     if protocol != "replace":
         assert data["conditions"][identity]["ppl"] == pytest.approx(base["ppl"], rel=1e-5)
-    assert "Sukenik et al." in data["finding"] and "seed" not in data["finding"]
+    assert "Súkeník et al." in data["finding"] and "seed" not in data["finding"]
     assert ("confound" in data["finding"]) == (protocol == "replace")
     assert data["verdicts"]["attention_input"] in (
         "holds", "holds in trend", "no change", "does not hold"

@@ -30,7 +30,7 @@ PROTOCOLS = ("mix", "temperature", "replace")
 DENSITY_SITES = ("residual", "attention_input")
 TOLERANCE = 0.01  # cosine: smaller changes (and steps against the trend) count as no change
 CLAIM_DENSITY = (
-    "Sukenik et al., 'Sink vs. diagonal patterns' (denser attention raises token similarity)"
+    "Súkeník et al., 'Sink vs. diagonal patterns' (denser attention raises token similarity)"
 )
 CONFOUND = (
     "confound: at small lam every token attends only to itself, i.e. behaves as a first token, "

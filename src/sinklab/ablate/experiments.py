@@ -26,7 +26,7 @@ CLAIM_BOS = (
 )
 CLAIM_MIXING = "Barbero et al. 2025 (sinks stop over-mixing)"
 CLAIM_GEOMETRY = (
-    "Sukenik et al., 'Sink vs. diagonal patterns' (the first token's cosine with the others is "
+    "Súkeník et al., 'Sink vs. diagonal patterns' (the first token's cosine with the others is "
     "<= 0 in middle layers)"
 )
 

@@ -84,7 +84,7 @@ RECORDS: tuple[Experiment, ...] = (
     Experiment(
         "density",
         "Ablation: attention density",
-        "Sukenik et al., 'Sink vs. diagonal patterns': denser attention raises token similarity "
+        "Súkeník et al., 'Sink vs. diagonal patterns': denser attention raises token similarity "
         "(oversmoothing). The trained attention of a layer group is made denser (mix with "
         "uniform causal, or a temperature above 1) and token similarity is read after it.",
         ("density-oversmooths",),
@@ -108,7 +108,7 @@ RECORDS: tuple[Experiment, ...] = (
     Experiment(
         "geometry",
         "Ablation: geometry and head kinds",
-        "Sukenik et al., 'Sink vs. diagonal patterns': in middle layers the first token's cosine "
+        "Súkeník et al., 'Sink vs. diagonal patterns': in middle layers the first token's cosine "
         "with the other tokens is <= 0, measured where the query-key form acts (the attention "
         "input), beside the residual stream and the keys.",
         ("first-token-cosine",),
