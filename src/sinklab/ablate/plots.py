@@ -16,9 +16,9 @@ from sinklab.meta import write_json_atomic
 
 def _title(data: dict[str, Any]) -> str:
     meta = data.get("meta", {})
-    model = meta.get("model", {}).get("name", "model")
-    text = meta.get("text", {}).get("name", "text")
-    p = meta.get("params", {})
+    model = (meta.get("model") or {}).get("name", "model")
+    text = (meta.get("text") or {}).get("name", "text")
+    p = meta.get("params") or {}
     return (
         f"{data.get('experiment')}: {model}, {text}, T={p.get('tokens')}, "
         f"q0={p.get('q0')}, eps={p.get('eps')}, seed={p.get('seed')}"
