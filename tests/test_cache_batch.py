@@ -117,3 +117,26 @@ def test_stream_batch_errors(model):
         batch.feed({3: [5]})
     with pytest.raises(SinklabError, match="no streams"):
         batch.feed({})
+
+
+def test_evict_for_space_keeps_sinks_and_makes_room(model):
+    cfg = CacheConfig("sink", 2, 6)
+    cache = SinkCache(model, cfg)
+    ids = _ids(30, 7)
+    spans = []
+    update = cache.layers[0].update
+
+    def spy(k, v, *args, **kwargs):
+        out = update(k, v, *args, **kwargs)
+        spans.append(out[0].shape[-2])
+        return out
+
+    cache.layers[0].update = spy
+    with torch.no_grad():
+        model(torch.tensor([ids[:12]]), cache=cache, **cache.prepare(12))
+        assert cache.kept_positions() == [0, 1, 6, 7, 8, 9, 10, 11]
+        cache.evict_for_space(4)  # 8 kept + 4 new must fit in 8: keep the sinks and 2 recent
+        assert cache.kept_positions() == [0, 1, 10, 11]
+        model(torch.tensor([ids[12:16]]), cache=cache, **cache.prepare(4))
+        assert cache.kept_positions() == [0, 1, 10, 11, 12, 13, 14, 15]
+    assert spans[-1] == 8  # the chunk attended to the 4 kept + itself: n_sink + window

@@ -130,7 +130,7 @@ class SinkCache(Cache):
         of any row."""
         rows = self.rows if row is None else [self.rows[row]]
         if self.capacity is None:
-            return max((sum(r.dense_valid) for r in rows), default=0)
+            return max((r.seen for r in rows), default=0)
         return max((r.kept() for r in rows), default=0)
 
     def kept_positions(self, row: int = 0) -> list[int]:
@@ -205,6 +205,7 @@ class SinkCache(Cache):
         if n < 1:
             raise SinklabError(f"add_streams takes a positive count, got {n}")
         self.rows += [Row(slot_pos=[-1] * self.n_used, dense_valid=[False] * self.seen)]
+        self._padded = self._padded or self.seen > 0
         self.rows += [self.rows[-1].copy() for _ in range(n - 1)]
         for layer in self.layers:
             if layer.is_initialized:
@@ -247,6 +248,7 @@ class SinkCache(Cache):
         self.seen = 0  # columns read (for one stream: its tokens)
         self.n_used = 0  # slots in use (the same for every row)
         self.rows: list[Row] = [Row()]
+        self._padded = False  # dense: some row has a padding column
         self._prepared: Plan | None = None
         self._step: Step | None = None
 
@@ -277,10 +279,12 @@ class SinkCache(Cache):
     def _plan(self, q: int, real: list[int]) -> Plan:
         if self.capacity is None:
             plan = Plan(q, real, self.seen + q, [])
+            self._padded = self._padded or any(r != q for r in real)
             for row, r in zip(self.rows, real, strict=True):
                 row.dense_valid += [False] * (q - r) + [True] * r
                 row.seen += r
-                plan.valid.append(list(row.dense_valid))
+                if self._padded:  # else every key is real: no mask, no O(seen) list per step
+                    plan.valid.append(list(row.dense_valid))
             return plan
         if q == 1 and all(r == 1 for r in real):
             plan, self.n_used = plan_ring(

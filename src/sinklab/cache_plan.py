@@ -67,7 +67,7 @@ class Plan:
     q: int
     real: list[int]  # per row, new real tokens (the last ``real[b]`` of the q columns)
     kv_len: int  # keys the queries attend to
-    valid: list[list[bool]]  # (B, kv_len): a real key (pre-eviction)
+    valid: list[list[bool]]  # (B, kv_len): a real key (pre-eviction); [] = all are
     slots: list[int] | None = None  # ring: per row, the slot written
     gather: list[list[int]] | None = None  # chunk: per row, old slots right-aligned (L_old)
     keep: list[list[int]] | None = None  # chunk: per row, rows of cat(old, new) kept, right-aligned
@@ -78,7 +78,9 @@ class Plan:
     @property
     def masked(self) -> bool:
         """Whether the queries need a mask beyond the causal one (a row has invalid keys)."""
-        return not all(all(v) for v in self.valid) or any(r != self.q for r in self.real)
+        if any(r != self.q for r in self.real):
+            return True
+        return not all(all(v) for v in self.valid)
 
 
 def _sink_rewrites(b: int, row: Row, sinks: Sequence[int]) -> list[tuple[int, int, int]]:

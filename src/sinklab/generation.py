@@ -166,6 +166,7 @@ def generate(
     most, peak, top = 0, _rss_mb(), 0
     dev = _device(model)
     start = time.perf_counter()
+
     def watch(extra: dict[str, Tensor]) -> None:
         nonlocal top
         top = max(top, int(extra["position_ids"].max()))
@@ -227,9 +228,11 @@ class StreamBatch:
         self.ids = [s for s in self.ids if s != stream]
 
     @torch.inference_mode()
-    def feed(self, tokens: Mapping[int, Sequence[int]]) -> dict[int, Tensor]:
+    def feed(
+        self, tokens: Mapping[int, Sequence[int]], last_only: bool = False
+    ) -> dict[int, Tensor]:
         """Read each stream's ``tokens`` in one forward (left-padded to the longest) -> each fed
-        stream's logits (n, V) for its new tokens."""
+        stream's logits (n, V) for its new tokens (``last_only``: (1, V), its last token's)."""
         unknown = set(tokens) - set(self.ids)
         if unknown:
             raise SinklabError(f"no such stream: {sorted(unknown)} (streams: {self.ids})")
@@ -240,5 +243,8 @@ class StreamBatch:
             if counts[b]:
                 x[b, q - counts[b] :] = torch.as_tensor(list(tokens[s]))
         extra = self.cache.prepare(counts)
-        logits = self.model(x.to(_device(self.model)), cache=self.cache, **extra).logits
+        keep = {"logits_to_keep": 1} if last_only else {}
+        logits = self.model(x.to(_device(self.model)), cache=self.cache, **extra, **keep).logits
+        if last_only:
+            return {s: logits[b] for b, s in enumerate(self.ids) if counts[b]}
         return {s: logits[b, q - counts[b] :] for b, s in enumerate(self.ids) if counts[b]}
