@@ -85,6 +85,25 @@ def test_chunked_equals_step_other_sizes_and_chunks(models, case):
     _check(models["llama"], _ids(40, seed=3), *case)
 
 
+def test_positions_stay_bounded_and_rebase_like_the_step_loop(tiny_model_factory):
+    """max_position_embeddings 24, 90 tokens: positions restart (several rebases) as the step
+    loop's SinkCache.prepare does; the NLLs still equal step's, and no position reaches 24."""
+    model = tiny_model_factory("llama", seed=1, initializer_range=0.1, max_position_embeddings=24)
+    seen: list[int] = []
+
+    def record(module, args, kwargs):  # both loops pass the positions they chose
+        seen.append(int(kwargs["position_ids"].max()))
+
+    hook = model.register_forward_pre_hook(record, with_kwargs=True)
+    try:
+        for case in [("sink", 2, 6, None, 5), ("sink-auto", 3, 17, (1, 4, 7), 64)]:
+            seen.clear()
+            _check(model, _ids(90), *case)
+            assert max(seen) == 23
+    finally:
+        hook.remove()
+
+
 def test_the_equality_is_sensitive(models):
     """What the tolerance separates: window vs sink, and sinks scored at the wrong distance."""
     model, ids = models["llama"], _ids(40)

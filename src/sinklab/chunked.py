@@ -76,7 +76,10 @@ class ChunkPlan:
     off: Tensor | None  # (C,) positions the query is rotated back by to score the sinks
 
 
-def plan_chunk(t0: int, t1: int, p0: int, sinks: tuple[int, ...], recent: int | None) -> ChunkPlan:
+def plan_chunk(
+    t0: int, t1: int, p0: int, sinks: tuple[int, ...], recent: int | None, base: int = 0
+) -> ChunkPlan:
+    """The chunk of queries ``t0..t1-1``, which the model reads at positions ``t - base``."""
     lo = window_starts(t0, t1 + 1, sinks, recent)
     lo, lo_next = lo[:-1], int(lo[-1])
     t = torch.arange(t0, t1)
@@ -89,7 +92,7 @@ def plan_chunk(t0: int, t1: int, p0: int, sinks: tuple[int, ...], recent: int | 
         st = torch.tensor(seen)
         detached = st[None, :] < lo[:, None]  # (C, S)
         if bool(detached.any()):
-            sink_mask, off = detached, lo - detached.sum(1)
+            sink_mask, off = detached, lo - detached.sum(1) - base
     return ChunkPlan(t0, t1, p0, lo_next, band, seen, new, sink_mask, off)
 
 
@@ -105,6 +108,13 @@ class BandState:
         self.sink_k: list[Tensor | None] = [None] * n_layers
         self.sink_v: list[Tensor | None] = [None] * n_layers
         self.plan: ChunkPlan | None = None
+
+    def rebase(self, shift: int) -> None:
+        """Positions restart lower by ``shift``: rotate every layer's recent keys back (O(kept),
+        once; the sinks live at their indices and do not move)."""
+        for i, k in enumerate(self.k):
+            if k is not None and k.shape[-2]:
+                self.k[i] = self.rope.shift(k, torch.full((k.shape[-2],), -shift))
 
     def kept_bytes(self) -> int:
         tensors = [*self.k, *self.v, *self.sink_k, *self.sink_v]
@@ -253,7 +263,11 @@ def chunked_nll(
     rss: Callable[[], float] | None = None,
 ) -> tuple[Tensor, int, float]:
     """The step loop's result, ``chunk`` queries per forward: ``ids`` (T,) -> (nll (T-1,), most
-    positions cached, peak sampled RSS MiB). Refuses what :class:`SinkCache` refuses."""
+    positions cached, peak sampled RSS MiB). Refuses what :class:`SinkCache` refuses.
+
+    Positions: the step loop's (:meth:`SinkCache.prepare`): below ``max_position`` (the model's
+    ``max_position_embeddings``) for every bounded policy; before the token that would reach it,
+    positions restart at ``kept`` (the stored keys rotated back once). Chunks end there."""
     if chunk < 1:
         raise SinklabError(f"chunk must be a positive integer, got {chunk}")
     cache = SinkCache(model, cache_config)  # the same refusals (architecture, sizes) as step
@@ -264,19 +278,26 @@ def chunked_nll(
     n = ids.numel() - 1
     nll = torch.empty(n, dtype=torch.float64)
     sample = rss or (lambda: 0.0)
-    peak, total, p0 = sample(), 0.0, 0
+    bound = cache.max_position if cache.capacity is not None else None
+    peak, total, p0, base, t0 = sample(), 0.0, 0, 0, 0
     with band_attention(model, state):
-        for t0 in range(0, n, chunk):
+        while t0 < n:
             t1 = min(n, t0 + chunk)
-            state.plan = plan_chunk(t0, t1, p0, sinks, recent)
-            pos = torch.arange(t0, t1, device=dev)[None]
+            if bound:
+                if t0 - base >= bound:  # SinkCache's rebase, before reading t0
+                    shift = t0 - most_kept(t0, sinks, recent) - base
+                    state.rebase(shift)
+                    base += shift
+                t1 = min(t1, base + bound)  # every position t - base stays below the bound
+            state.plan = plan_chunk(t0, t1, p0, sinks, recent, base)
+            pos = torch.arange(t0 - base, t1 - base, device=dev)[None]
             logits = model(ids[t0:t1][None].to(dev), position_ids=pos, use_cache=False).logits
             lg = logits[0].float()
             target = ids[t0 + 1 : t1 + 1].to(dev)
             part = torch.logsumexp(lg, -1) - lg.gather(-1, target[:, None])[:, 0]
             nll[t0:t1] = part.double().cpu()
             total += float(part.double().sum())
-            p0 = state.plan.p0_next
+            p0, t0 = state.plan.p0_next, t1
             peak = max(peak, sample())
             if callback is not None:
                 callback(t1, n, math.exp(total / t1))

@@ -186,8 +186,8 @@ def stream_nll(
     nll = torch.empty(n, dtype=torch.float64) if out is None else out
     total, most, peak = 0.0, 0, rss_mb()
     for t in range(n):
-        out = model(ids[t : t + 1].view(1, 1).to(dev), cache=cache, **cache.prepare(1))
-        nll[t] = _target_nll(out.logits[0, -1], int(ids[t + 1]))
+        res = model(ids[t : t + 1].view(1, 1).to(dev), cache=cache, **cache.prepare(1))
+        nll[t] = _target_nll(res.logits[0, -1], int(ids[t + 1]))
         total += float(nll[t])
         most = max(most, cache.kept_length())
         if (t + 1) % _EVERY == 0 or t + 1 == n:
