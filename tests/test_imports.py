@@ -32,6 +32,8 @@ CORE = {
     "sinklab.outputs",
     "sinklab.policy",
     "sinklab.cache",
+    "sinklab.cache_layer",
+    "sinklab.cache_plan",
 }
 LAYERS = {"core": 0, "area": 1, "report": 2, "commands": 3, "cli": 4}
 # The documented exceptions: (importer, imported, why).

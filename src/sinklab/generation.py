@@ -25,7 +25,7 @@ _EVERY = 16  # RSS sampling period, in tokens
 
 
 def _rss_mb() -> float:
-    from sinklab.streaming import rss_mb
+    from sinklab.memory import rss_mb
 
     return rss_mb()
 

@@ -26,8 +26,6 @@ from __future__ import annotations
 
 import logging
 import math
-import os
-import resource
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
@@ -39,9 +37,17 @@ from torch import Tensor
 from sinklab.cache import POLICIES, CacheConfig, SinkCache
 from sinklab.chunked import DEFAULT_CHUNK, chunked_nll
 from sinklab.errors import SinklabError
+from sinklab.memory import rss_mb
 from sinklab.oracle import recompute_nll, recompute_nll_batched
 
-__all__ = ["METHODS", "StreamConfig", "recompute_nll", "recompute_nll_batched", "stream_nll"]
+__all__ = [
+    "METHODS",
+    "StreamConfig",
+    "recompute_nll",
+    "recompute_nll_batched",
+    "rss_mb",
+    "stream_nll",
+]
 
 log = logging.getLogger(__name__)
 
@@ -148,15 +154,6 @@ def _ppl(nll: Tensor) -> float:
 def segment_ppl(nll: Tensor, segment: int) -> list[float]:
     """Perplexity of each block of ``segment`` consecutive targets (NaNs skipped)."""
     return [_ppl(nll[i : i + segment]) for i in range(0, nll.numel(), segment)]
-
-
-def rss_mb() -> float:
-    """Current resident set size in MiB (Linux ``/proc``; peak RSS elsewhere)."""
-    try:
-        with open("/proc/self/statm") as f:
-            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
-    except (OSError, ValueError, IndexError):
-        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
 def _target_nll(logits: Tensor, target: int) -> float:
