@@ -87,6 +87,17 @@ SCHEDULE = {  # step -> {stream: tokens this step}; stream "c" joins at step 3, 
     ids=lambda c: c.policy,
 )
 def test_stream_batch_rows_equal_each_stream_alone(model, cfg):
+    _check_batch(model, cfg)
+
+
+def test_stream_batch_with_eager_attention(tiny_model_factory):
+    """The padding mask reaches eager attention as an additive float mask."""
+    eager = tiny_model_factory("llama", seed=22)
+    eager.set_attn_implementation("eager")
+    _check_batch(eager, CacheConfig("sink", 2, 6))
+
+
+def _check_batch(model, cfg: CacheConfig) -> None:
     tokens = {"a": iter(_ids(60, 4)), "b": iter(_ids(60, 5)), "c": iter(_ids(60, 6))}
     batch = StreamBatch(model, cfg)
     sid: dict[str, int] = {}

@@ -99,7 +99,8 @@ class SinkCache(Cache):
         self.sinks = self.config.sinks
         self.recent = self.config.recent
         self._eager = getattr(text_cfg, "_attn_implementation", None) == "eager"
-        self._device = next(model.parameters()).device
+        weight = next(model.parameters())
+        self._device, self._dtype = weight.device, weight.dtype
         super().__init__(layers=[SinkLayer(self) for _ in range(text_cfg.num_hidden_layers)])
         self._reset_state()
 
@@ -327,8 +328,6 @@ class SinkCache(Cache):
         mask[:, 0, torch.arange(q), kv - q + torch.arange(q)] = True
         mask = mask.to(self._device)
         if self._eager:
-            dtype = self.layers[0].keys.dtype if self.layers[0].is_initialized else torch.float32
-            return torch.zeros(mask.shape, dtype=dtype, device=self._device).masked_fill(
-                ~mask, torch.finfo(dtype).min
-            )
+            zeros = torch.zeros(mask.shape, dtype=self._dtype, device=self._device)
+            return zeros.masked_fill(~mask, torch.finfo(self._dtype).min)
         return mask

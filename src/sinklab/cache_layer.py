@@ -151,7 +151,7 @@ class SinkLayer(CacheLayerMixin):
                 src, half = self.sink_keys[:, :, :n], self.sink_half[:, :, :n]
             else:
                 src, half = self.sink_keys[:, :, idx], self.sink_half[:, :, idx]
-            if dst == list(range(dst[0], dst[0] + n)):
+            if dst == list(range(dst[0], dst[0] + n)) and not torch.is_grad_enabled():
                 out = target[:, :, dst[0] : dst[0] + n]
                 torch.mul(src, cos, out=out)
                 out.addcmul_(half, sin)
