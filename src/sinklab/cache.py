@@ -36,7 +36,9 @@ kept keys rotated back by the same amount (O(kept)), so its positions restart at
 
 Many streams: each batch row is an independent stream (its own slots, sinks, positions, base; see
 :mod:`sinklab.cache_plan`). ``model.generate`` with left-padded prompts works (the layout keeps
-each row's invalid slots a prefix of the keys, which is what its 2D padding mask says); sinklab's
+each row's invalid slots a prefix of the keys, which is what its 2D padding mask says; a row's
+new tokens are told from its padding by the positions, so read a padded prompt in one chunk, not
+with a ``prefill_chunk_size`` shorter than the padding); sinklab's
 loops add (:meth:`SinkCache.add_streams`) and remove (:meth:`SinkCache.keep_streams`) streams
 between steps, feed rows different numbers of tokens (left-padded), and fit a prompt into the
 cache before reading it (:meth:`SinkCache.evict_for_space`, StreamingLLM's).
