@@ -178,3 +178,7 @@ def test_smollm2_attention_input_equals_input_layernorm(smollm2):
             got = geo.values["attention_input"]
             assert got["first_token_cosine"][layer] == pytest.approx(first, abs=1e-5)
             assert got["token_similarity"][layer] == pytest.approx(sim, abs=1e-5)
+    # Measured (T=64..256): negative at the attention input in layers 12..23, positive on the
+    # residual stream in every layer (its common direction).
+    att, res = geo.values["attention_input"], geo.values["residual"]
+    assert max(att["first_token_cosine"][12:20]) < 0 < min(res["first_token_cosine"])

@@ -198,6 +198,10 @@ def _figures(data: dict[str, Any], out: Path, model: str, text: str) -> list[Pat
         "first-token cosine": data["first_token_cosine"],
         "token similarity": data["token_similarity"],
     }
+    for site in (data.get("geometry") or {}).get("sites", []):  # sinklab.geometry's three sites
+        ys = [e["first_token_cosine"][site] for e in data["geometry"]["layers"]]
+        if None not in ys:
+            curves[f"first-token cosine, {site.replace('_', ' ')} (entering the layer)"] = ys
     plot_layer_curves(curves, paths[1], f"per layer\n{tag}")
     if "by_length" in data:
         paths.append(out / "length_trend.png")
