@@ -8,10 +8,10 @@ import torch
 import torch.nn.functional as F
 
 from conftest import make_tiny_model
+from helpers import assert_one_line_error, run_main
 from sinklab.ablate import EXPERIMENTS, AblationConfig, perplexity, run_experiment
 from sinklab.errors import SinklabError
 from sinklab.interventions import first_token
-from test_cli import assert_one_line_error, run_cli
 
 
 @pytest.fixture(scope="module")
@@ -82,8 +82,9 @@ def test_config_and_model_checks(tiny, tiny_tokenizer):
         run_experiment("nope", tiny, tiny_tokenizer, torch.arange(4, 24))
 
 
-def test_cli_writes_json_and_figure(tiny_model_dir, tmp_path):
-    proc = run_cli(
+def test_cli_writes_json_and_figure(capsys, tiny_model_dir, tmp_path):
+    proc = run_main(
+        capsys,
         "ablate", "-e", "mask-sink", "--model", str(tiny_model_dir("llama")),
         "--tokens", "24", "--out", str(tmp_path), "--format", "json",
     )  # fmt: skip
@@ -107,9 +108,9 @@ def test_cli_writes_json_and_figure(tiny_model_dir, tmp_path):
         (["-e", "mask-sink", "--heads", "4"], "head 4 is out of range: this model has heads 0..3"),
     ],
 )
-def test_bad_inputs_one_line_exit_2(tiny_model_dir, args, needle):
+def test_bad_inputs_one_line_exit_2(capsys, tiny_model_dir, args, needle):
     model = ["--model", str(tiny_model_dir("llama")), "--tokens", "16"]
-    assert_one_line_error(run_cli("ablate", *model, *args), needle)
+    assert_one_line_error(run_main(capsys, "ablate", *model, *args), needle)
 
 
 @pytest.mark.integration

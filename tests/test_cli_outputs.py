@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from sinklab.cli import main
+from helpers import one_line_error, run_main
 from sinklab.meta import META_KEYS
 from sinklab.outputs import MARKER, output_dir
 
@@ -36,19 +36,6 @@ def _args(command: str, model: str, out: Path) -> list[str]:
                   "--seq-len", "16", "--batch-size", "2", "--vocab-size", "300"],
         "report": ["report", *m, "--quick", "--stages", "probe", "--set", "probe_tokens=24"],
     }[command] + ["--out", str(out)]  # fmt: skip
-
-
-def run(capsys, args: list[str]) -> tuple[int, str, str]:
-    capsys.readouterr()
-    code = main(args)
-    cap = capsys.readouterr()
-    return code, cap.out, cap.err
-
-
-def one_line(code: int, err: str, needle: str, exit_code: int = 2) -> None:
-    lines = [ln for ln in err.strip().splitlines() if ln.strip()]
-    assert code == exit_code and len(lines) == 1, (code, err)
-    assert needle in lines[0] and "Traceback" not in err, err
 
 
 def digest(root: Path) -> dict[str, str]:
@@ -116,8 +103,8 @@ def test_bad_out_is_refused_before_any_work(capsys, tmp_path, no_work, command, 
     target = tmp_path / "out"
     setup(target)
     before = digest(tmp_path)
-    code, _, err = run(capsys, _args(command, "/never/loaded", where(target)))
-    one_line(code, err, needle)
+    code, _, err = run_main(capsys, *_args(command, "/never/loaded", where(target)))
+    one_line_error(code, err, needle)
     assert digest(tmp_path) == before
     assert not list(tmp_path.glob(".*"))  # no temporary folder left
 
@@ -153,7 +140,7 @@ def test_interrupt_or_error_keeps_previous_output(
     args = _args(command, str(tiny_model_dir("llama")), out)
     if command == "probe":
         args.remove("--no-figures")
-    code, _, err = run(capsys, args)
+    code, _, err = run_main(capsys, *args)
     assert code == 0, err
     assert json.loads((out / MARKER).read_text()) == {"command": command}
     meta = json.loads((out / f"{command}.json").read_text())["meta"]  # the one provenance block
@@ -162,8 +149,8 @@ def test_interrupt_or_error_keeps_previous_output(
     assert (meta["text"] is None) == (command in ("cost", "generate"))
     before = digest(out)
     monkeypatch.setattr(SABOTAGE[command], stop)
-    code, _, err = run(capsys, args)
-    one_line(code, err, needle, exit_code)
+    code, _, err = run_main(capsys, *args)
+    one_line_error(code, err, needle, exit_code)
     assert digest(out) == before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]  # no temporary folder left
 
@@ -182,8 +169,8 @@ def test_train_interrupt_keeps_previous_run(capsys, tmp_path, monkeypatch):
         _sigterm()
 
     monkeypatch.setattr(sinklab.lab.train, "train", half_a_run)
-    code, _, err = run(capsys, _args("train", "", out))
-    one_line(code, err, "interrupted", 130)
+    code, _, err = run_main(capsys, *_args("train", "", out))
+    one_line_error(code, err, "interrupted", 130)
     assert digest(out) == before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
 
@@ -192,7 +179,7 @@ def test_outputs_follow_the_umask(capsys, tmp_path, tiny_model_dir):
     old = os.umask(0o022)
     try:
         out = tmp_path / "out"
-        code, _, err = run(capsys, _args("probe", str(tiny_model_dir("llama")), out))
+        code, _, err = run_main(capsys, *_args("probe", str(tiny_model_dir("llama")), out))
     finally:
         os.umask(old)
     assert code == 0, err

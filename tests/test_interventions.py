@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from conftest import make_tiny_model
+from helpers import Recorder
 from sinklab.attention import sink_softmax
 from sinklab.errors import SinklabError
 from sinklab.interventions import (
@@ -33,20 +34,8 @@ def ids():
     return torch.randint(3, 500, (2, 19), generator=torch.Generator().manual_seed(3))
 
 
-class Capture(AttentionHandler):
-    """Observer entered after an intervention: sees the final weights, values and outputs."""
-
-    def __init__(self) -> None:
-        self.chunks: dict[int, list] = {}
-
-    def observe(self, chunk) -> None:
-        self.chunks.setdefault(chunk.layer, []).append(
-            {k: getattr(chunk, k).clone() for k in ("scores", "mask", "weights", "value", "output")}
-        )
-
-    def cat(self, layer: int, key: str) -> torch.Tensor:
-        parts = [c[key] for c in self.chunks[layer]]
-        return parts[0] if key == "value" else torch.cat(parts, dim=2)
+# what an observer entered after an intervention keeps of each chunk (the final weights, ...)
+ALL_FIELDS = ("scores", "mask", "weights", "value", "output")
 
 
 INTERVENTIONS = {
@@ -94,7 +83,7 @@ def test_mask_sink_is_a_no_op_without_attention_to_the_positions(model, ids):
 
 
 def test_mask_sink_is_idempotent_and_renormalises(model, ids):
-    cap = Capture()
+    cap = Recorder(ALL_FIELDS)
     with torch.no_grad():
         with sinklab_attention(model, MaskSink(positions=frozenset({0})), cap):
             once = model(ids).logits
@@ -108,7 +97,7 @@ def test_mask_sink_is_idempotent_and_renormalises(model, ids):
 
 
 def test_mask_sink_heads_and_layers_only(model, ids):
-    cap = Capture()
+    cap = Recorder(ALL_FIELDS)
     with torch.no_grad(), sinklab_attention(model, MaskSink(layers={1}, heads={2}), cap):
         model(ids)
     w1, w0 = cap.cat(1, "weights"), cap.cat(0, "weights")
@@ -118,7 +107,7 @@ def test_mask_sink_heads_and_layers_only(model, ids):
 
 def test_attention_replace_0_gives_own_value_and_1_the_running_mean(model, ids):
     for lam in (0.0, 1.0):
-        cap = Capture()
+        cap = Recorder(ALL_FIELDS)
         with torch.no_grad(), sinklab_attention(model, AttentionReplace(lam=lam), cap):
             model(ids)
         for layer in (0, 1):
@@ -135,7 +124,7 @@ def test_attention_replace_0_gives_own_value_and_1_the_running_mean(model, ids):
 
 
 def test_sink_logit_matches_reference_sink_softmax(model, ids):
-    cap = Capture()
+    cap = Recorder(ALL_FIELDS)
     with torch.no_grad(), sinklab_attention(model, SinkLogit(value=0.7), cap):
         handled = model(ids).logits
     for layer in (0, 1):

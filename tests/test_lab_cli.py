@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import json
 
-from test_cli import assert_one_line_error, run_cli
+from helpers import assert_one_line_error, run_main
 
 
-def test_cost_cli_writes_json_and_figure(tmp_path):
+def test_cost_cli_writes_json_and_figure(capsys, tmp_path):
     args = ("--lengths", "8,16", "--task", "sink", "--steps", "20", "--bisections", "1")
-    proc = run_cli("cost", *args, "--out", str(tmp_path))
+    proc = run_main(capsys, "cost", *args, "--out", str(tmp_path))
     assert proc.returncode == 0, proc.stderr
     data = json.loads((tmp_path / "cost.json").read_text())
     assert [r["T"] for r in data["rows"]] == [8, 16] and all(r["realised"] for r in data["rows"])
@@ -20,5 +20,5 @@ def test_cost_cli_writes_json_and_figure(tmp_path):
     assert "fro_qk" in data["fits"]["sink"] and "fro_vo" not in data["fits"]["sink"]  # W_VO = 0
 
 
-def test_train_cli_bad_variant_exits_2_with_one_line():
-    assert_one_line_error(run_cli("train", "--variant", "relu"), "unknown variant")
+def test_train_cli_bad_variant_exits_2_with_one_line(capsys):
+    assert_one_line_error(run_main(capsys, "train", "--variant", "relu"), "unknown variant")

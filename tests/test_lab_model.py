@@ -5,9 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
+from helpers import Recorder
 from sinklab.errors import SinklabError
 from sinklab.lab.model import LAB_VARIANTS, LabConfig, LabForCausalLM
-from sinklab.seam import AttentionHandler, sinklab_attention
+from sinklab.seam import sinklab_attention
 
 
 def tiny(variant: str, seed: int = 0) -> LabForCausalLM:
@@ -28,16 +29,12 @@ def test_hooks_path_equals_default_and_sees_every_layer(variant):
     model = tiny(variant).eval()
     ids = torch.randint(0, 64, (2, 12), generator=torch.Generator().manual_seed(1))
     plain = model(ids).logits
-    seen: dict[int, torch.Tensor] = {}
-
-    class Grab(AttentionHandler):
-        def observe(self, chunk):
-            seen[chunk.layer] = chunk.weights
-
-    with sinklab_attention(model, Grab()):
+    rec = Recorder()
+    with sinklab_attention(model, rec):
         assert model.config._attn_implementation == "sinklab"
         hooked = model(ids).logits
     torch.testing.assert_close(hooked, plain, atol=1e-5, rtol=1e-5)
+    seen = {layer: rec.weights(layer) for layer in rec.chunks}
     assert sorted(seen) == [0, 1] and seen[0].shape == (2, 4, 12, 12)
     rows = seen[0].sum(-1)
     if variant in ("softmax", "gated"):

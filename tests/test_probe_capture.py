@@ -4,29 +4,12 @@ import pytest
 import torch
 
 from conftest import FAMILIES, make_tiny_model
+from helpers import Recorder
 from sinklab.errors import SinklabError
 from sinklab.probe import ProbeConfig, probe, probe_lengths
 from sinklab.probe import metrics as M
 from sinklab.probe.capture import ProbeCapture
 from sinklab.seam import AttentionHandler, binding, chunked, sinklab_attention
-
-
-class TrimmedRecorder(AttentionHandler):
-    """Records each chunk's weights, padded back to the full key axis (it opts into trimming)."""
-
-    causal_trim = True
-
-    def __init__(self) -> None:
-        self.rows: dict[int, list[torch.Tensor]] = {}
-
-    def observe(self, chunk) -> None:
-        w = chunk.weights
-        full = chunk.q_offset + chunk.n_queries
-        pad = torch.zeros(*w.shape[:-1], full - w.shape[-1], dtype=w.dtype)
-        self.rows.setdefault(chunk.layer, []).append(torch.cat([w, pad], -1))
-
-    def weights(self, layer: int) -> torch.Tensor:
-        return torch.cat(self.rows[layer], dim=2)
 
 
 def eager(model, ids):
@@ -47,11 +30,11 @@ def check_weights_and_logits(model, ids, logits_atol: float = 1e-5) -> float:
         base = model(ids).logits
     out = eager(model, ids)
     ref = out.attentions
-    rec = TrimmedRecorder()
+    rec = Recorder(trim=True)
     cap = ProbeCapture(model.config.num_attention_heads, ids.shape[1])
     with sinklab_attention(model, rec, cap), torch.no_grad():
         probed = model(ids).logits
-    assert len(rec.rows[0]) > 1  # really chunked (and trimmed)
+    assert len(rec.chunks[0]) > 1  # really chunked (and trimmed)
     torch.testing.assert_close(probed, base, atol=logits_atol, rtol=0)
     for layer, a in enumerate(ref):
         torch.testing.assert_close(rec.weights(layer), a, atol=1e-5, rtol=0)
@@ -87,33 +70,19 @@ def test_weights_equal_eager_logits_unchanged_metrics_pinned(family, small_chunk
     assert set(res.to_json()) >= {"meta", "sink_mass", "head_kind", "sink_rate", "sink_positions"}
 
 
-class FullRecorder(AttentionHandler):
-    """Records each layer's full weights, values and outputs (no trim: chunks see all keys)."""
-
-    def __init__(self) -> None:
-        self.w: dict[int, list[torch.Tensor]] = {}
-        self.o: dict[int, list[torch.Tensor]] = {}
-        self.v: dict[int, torch.Tensor] = {}
-
-    def observe(self, chunk) -> None:
-        self.w.setdefault(chunk.layer, []).append(chunk.weights.clone())
-        self.o.setdefault(chunk.layer, []).append(chunk.output.clone())
-        self.v[chunk.layer] = chunk.value.clone()
-
-
 @pytest.mark.parametrize("q0", [0, 5])
 def test_value_and_output_metrics_pinned_under_small_trimmed_chunks(q0, small_chunks):
     """value_norm_ratio uses every key's value, not only the first chunk's (trimmed) keys, and the
     output share matches the whole-matrix formula, however the rows are chunked."""
     model = make_tiny_model("qwen2")
     ids = torch.randint(3, 500, (1, 40), generator=torch.Generator().manual_seed(4))
-    rec = FullRecorder()
+    rec = Recorder(("weights", "output", "value"))
     with sinklab_attention(model, rec), torch.no_grad():
         model(ids)
     res = probe(model, ids, ProbeConfig(q0=q0))
-    assert len(rec.w[0]) > 1  # really chunked
+    assert len(rec.chunks[0]) > 1  # really chunked
     for layer in range(res.n_layers):
-        w, o, v = torch.cat(rec.w[layer], 2), torch.cat(rec.o[layer], 2), rec.v[layer]
+        w, o, v = (rec.cat(layer, key) for key in ("weights", "output", "value"))
         vnr = M.value_norm_ratio(v)[0]
         torch.testing.assert_close(res.value_norm_ratio[layer], vnr, atol=1e-5, rtol=1e-5)
         share = M.sink_output_share(w, v, q0=q0, output=o)[0]

@@ -2,12 +2,10 @@
 
 import json
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 
-from sinklab.cli import main
-from test_cli import assert_one_line_error
+from helpers import assert_one_line_error, run_main
 
 KEYS = {
     "meta",
@@ -27,11 +25,8 @@ KEYS = {
 }
 
 
-def cli(capsys, *args: str) -> SimpleNamespace:
-    capsys.readouterr()  # drop whatever the set-up printed
-    code = main(["probe", *args])
-    out = capsys.readouterr()
-    return SimpleNamespace(returncode=code, stdout=out.out, stderr=out.err)
+def cli(capsys, *args: str):
+    return run_main(capsys, "probe", *args)
 
 
 def test_probe_writes_json_and_figures(capsys, tmp_path: Path, tiny_model_dir):

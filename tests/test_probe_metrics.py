@@ -84,8 +84,16 @@ def test_head_kind_and_sink_rate():
     diag = torch.tensor([[0.05, 0.9, 0.1, 0.2]])
     prev = torch.tensor([[0.0, 0.0, 0.7, 0.1]])
     assert M.head_kind(sink, diag, prev) == [["sink", "diagonal", "previous-token", "mixed"]]
-    kinds = [M.head_kind(*(x(16) for x in (pure_sink, pure_diagonal, prev_token)))]
-    assert kinds  # shapes (1, 1) -> nested lists
+    # one head's masses, shapes (1, 1) -> nested lists [[kind]]
+    for make, kind in (
+        (pure_sink, "sink"),
+        (pure_diagonal, "diagonal"),
+        (prev_token, "previous-token"),
+        (uniform, "mixed"),  # T = 16: every mass is below the 0.3 floor
+    ):
+        w = make(16)
+        masses = (M.sink_mass(w), M.diagonal_mass(w), M.prev_token_mass(w))
+        assert M.head_kind(*masses) == [[kind]], kind
     per_head = [M.sink_mass(x()).item() for x in (pure_sink, pure_diagonal, prev_token, uniform)]
     masses = [
         [M.diagonal_mass(x()).item() for x in (pure_sink, pure_diagonal, prev_token, uniform)]

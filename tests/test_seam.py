@@ -4,18 +4,8 @@ import pytest
 import torch
 
 from conftest import FAMILIES, make_tiny_model
+from helpers import Recorder
 from sinklab.seam import AttentionHandler, binding, chunked, sinklab_attention
-
-
-class Recorder(AttentionHandler):
-    def __init__(self) -> None:
-        self.rows: dict[int, list[torch.Tensor]] = {}
-
-    def observe(self, chunk) -> None:
-        self.rows.setdefault(chunk.layer, []).append(chunk.weights.clone())
-
-    def weights(self, layer: int) -> torch.Tensor:
-        return torch.cat(self.rows[layer], dim=2)
 
 
 def eager_attentions(model, ids):
@@ -38,7 +28,7 @@ def test_weights_equal_eager_and_logits_unchanged(family, monkeypatch):
     rec = Recorder()
     with sinklab_attention(model, rec), torch.no_grad():
         probed = model(ids).logits
-    assert len(rec.rows[0]) > 1  # really chunked
+    assert len(rec.chunks[0]) > 1  # really chunked
     torch.testing.assert_close(probed, base, atol=1e-5, rtol=0)
     for layer, ref in enumerate(eager):
         torch.testing.assert_close(rec.weights(layer), ref, atol=1e-6, rtol=0)
@@ -83,9 +73,9 @@ def test_handlers_bind_to_their_model_and_layers():
     ids = torch.randint(3, 500, (1, 9))
     with sinklab_attention(a, rec), sinklab_attention(b), torch.no_grad():
         b(ids)
-        assert rec.rows == {}
+        assert rec.chunks == {}
         a(ids)
-    assert set(rec.rows) == {1}
+    assert set(rec.chunks) == {1}
 
 
 def test_nested_blocks_run_outer_handlers_first_and_unbind_exactly_their_own():

@@ -9,23 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from sinklab.cli import main
-
-
-def _run(capsys, *args: str) -> tuple[int, str, str]:
-    code = main(list(args))
-    cap = capsys.readouterr()
-    return code, cap.out, cap.err
-
-
-def _one_line(code: int, err: str, needle: str) -> None:
-    lines = [ln for ln in err.strip().splitlines() if ln.strip()]
-    assert code == 2 and len(lines) == 1 and needle in lines[0], err
+from helpers import one_line_error, run_main
 
 
 def test_stream_all_policies_writes_json_and_figure(capsys, tmp_path: Path, tiny_model_dir):
     out = tmp_path / "s"
-    code, _, err = _run(
+    code, _, err = run_main(
         capsys,
         "stream",
         "--model",
@@ -62,7 +51,7 @@ def test_stream_all_policies_writes_json_and_figure(capsys, tmp_path: Path, tiny
 
 
 def test_generate_streams_text_with_a_bounded_cache(capsys, tmp_path: Path, tiny_model_dir):
-    code, out, err = _run(
+    code, out, err = run_main(
         capsys,
         "generate",
         "--model",
@@ -107,8 +96,8 @@ def test_cheap_mistakes_fail_before_the_model_loads(capsys, args, needle, monkey
         raise AssertionError("the model was loaded before a cheap check")
 
     monkeypatch.setattr(sinklab.models, "load_model", no_load)
-    code, _, err = _run(capsys, *args)
-    _one_line(code, err, needle)
+    code, _, err = run_main(capsys, *args)
+    one_line_error(code, err, needle)
 
 
 @pytest.mark.parametrize(
@@ -120,5 +109,5 @@ def test_cheap_mistakes_fail_before_the_model_loads(capsys, args, needle, monkey
 )
 def test_model_mistakes_exit_2(capsys, tiny_model_dir, family, args, needle):
     for cmd in (["stream", "--tokens", "20"], ["generate", "--prompt", "hi"]):
-        code, _, err = _run(capsys, *cmd, "--model", str(tiny_model_dir(family)), *args)
-        _one_line(code, err, needle)
+        code, _, err = run_main(capsys, *cmd, "--model", str(tiny_model_dir(family)), *args)
+        one_line_error(code, err, needle)

@@ -172,10 +172,8 @@ def _optimizer(model: torch.nn.Module, config: TrainConfig) -> torch.optim.Optim
 def probe_summary(model: torch.nn.Module, ids: torch.Tensor) -> dict[str, Any]:
     """Sink mass ``(L, H)`` at key 0 (q0 = 0), sink rate at eps 0.3/0.8, via ``sinklab.probe``."""
     result = probe(model, ids, config=ProbeConfig(q0=0, eps=EPS))
-    mass, impl = torch.as_tensor(result.sink_mass), "sinklab.probe"
-    mass = mass.to(torch.float64)  # (L, H)
+    mass = torch.as_tensor(result.sink_mass).to(torch.float64)  # (L, H)
     return {
-        "probe": impl,
         "sink_rate": {str(e): float((mass > e).double().mean()) for e in EPS},
         "first_token_sink_mass": float(mass.mean()),
         "sink_mass": mass.tolist(),
