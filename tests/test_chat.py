@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from helpers import one_line_error, run_main
 from sinklab.chat import ChatConfig, ChatSession
-from sinklab.cli import main
 from sinklab.errors import SinklabError
 
 TEMPLATE = (
@@ -110,9 +110,7 @@ def test_bad_chat_inputs(chat_model, chat_tokenizer, tiny_tokenizer):
 
 def _run(capsys, monkeypatch, stdin: str, *args: str) -> tuple[int, str, str]:
     monkeypatch.setattr(sys, "stdin", io.StringIO(stdin))
-    code = main(["chat", *args])
-    cap = capsys.readouterr()
-    return code, cap.out, cap.err
+    return run_main(capsys, "chat", *args)
 
 
 def test_cli_chat_driven_through_stdin(capsys, monkeypatch, chat_dir):
@@ -139,14 +137,12 @@ def test_cli_chat_driven_through_stdin(capsys, monkeypatch, chat_dir):
 )
 def test_cli_chat_bad_options_one_line(capsys, monkeypatch, chat_dir, args, needle):
     code, _, err = _run(capsys, monkeypatch, "hi\n", "--model", str(chat_dir), *args)
-    lines = [ln for ln in err.strip().splitlines() if ln.strip()]
-    assert code == 2 and len(lines) == 1 and needle in lines[0], err
+    one_line_error(code, err, needle)
 
 
 def test_cli_chat_refuses_a_model_without_template(capsys, monkeypatch, tiny_model_dir):
     code, _, err = _run(capsys, monkeypatch, "hi\n", "--model", str(tiny_model_dir("llama")))
-    lines = [ln for ln in err.strip().splitlines() if ln.strip()]
-    assert code == 2 and len(lines) == 1 and "chat template" in lines[0], err
+    one_line_error(code, err, "chat template")
 
 
 @pytest.mark.integration

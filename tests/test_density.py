@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from conftest import make_tiny_model
+from helpers import assert_one_line_error, run_main
 from sinklab.ablate import AblationConfig, run_experiment
 from sinklab.ablate.density import after_group, density_verdict
 from sinklab.errors import SinklabError
@@ -18,7 +19,6 @@ from sinklab.interventions import (
     attention_temperature,
     intervene,
 )
-from test_cli import assert_one_line_error, run_cli
 
 LAYERS = (1, 2)
 
@@ -162,9 +162,9 @@ def test_default_layers_are_the_middle_third(tiny_tokenizer):
     assert res.extra["modified_layers"] == [2, 3] and res.extra["after_layers"][-1] == "final"
 
 
-def test_cli_temperature_with_a_layer_range(tiny_model_dir, tmp_path):
-    proc = run_cli(
-        "ablate", "-e", "density", "--protocol", "temperature", "--layers", "0-1",
+def test_cli_temperature_with_a_layer_range(capsys, tiny_model_dir, tmp_path):
+    proc = run_main(
+        capsys, "ablate", "-e", "density", "--protocol", "temperature", "--layers", "0-1",
         "--temperatures", "0.5,2", "--model", str(tiny_model_dir("llama")), "--tokens", "16",
         "--out", str(tmp_path), "--format", "json",
     )  # fmt: skip
@@ -183,9 +183,9 @@ def test_cli_temperature_with_a_layer_range(tiny_model_dir, tmp_path):
         (["--layers", "3-1"], "must be A-B with A <= B"),
     ],
 )
-def test_cli_bad_density_inputs(tiny_model_dir, args, needle):
+def test_cli_bad_density_inputs(capsys, tiny_model_dir, args, needle):
     model = ["--model", str(tiny_model_dir("llama")), "--tokens", "16"]
-    assert_one_line_error(run_cli("ablate", "-e", "density", *model, *args), needle)
+    assert_one_line_error(run_main(capsys, "ablate", "-e", "density", *model, *args), needle)
 
 
 def test_config_rejects_bad_protocol_values():
