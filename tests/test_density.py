@@ -212,3 +212,15 @@ def test_smollm2_denser_middle_layers_raise_later_similarity(smollm2):
         before, after = (c[k]["after_group_similarity"][site] for k in ("lam=0", "lam=1"))
         assert after > before + 0.05
     assert c["lam=1"]["ppl"] > 2 * c["lam=0"]["ppl"]
+
+
+def test_temperature_refuses_a_non_softmax_variant(ids):
+    model = make_tiny_model("llama", n_layers=2)
+    attn = model.model.layers[1].self_attn
+    attn.attention_variant = "softmax1"
+    try:
+        needle = "needs softmax attention; layer 1 uses 'softmax1'"
+        with pytest.raises(SinklabError, match=needle), attention_temperature(model, 2.0, [1]):
+            _logits(model, ids)
+    finally:
+        del attn.attention_variant

@@ -182,3 +182,16 @@ def test_smollm2_attention_input_equals_input_layernorm(smollm2):
     # residual stream in every layer (its common direction).
     att, res = geo.values["attention_input"], geo.values["residual"]
     assert max(att["first_token_cosine"][12:20]) < 0 < min(res["first_token_cosine"])
+
+
+def test_unreachable_keys_are_null_with_a_reason(ids):
+    from torch import nn
+
+    from sinklab.geometry import _key_source
+
+    model = make_tiny_model("llama", n_layers=2)
+    reason = _key_source(nn.Module(), model.config)
+    assert isinstance(reason, str) and "not reachable" in reason
+    attn = model.model.layers[0].self_attn
+    module, to_heads = _key_source(attn, model.config)
+    assert module is attn.k_proj and to_heads(torch.zeros(1, 5, 16)).shape == (1, 5, 2, 8)
