@@ -14,6 +14,8 @@ import sys
 from dataclasses import dataclass
 from typing import Any
 
+from torch import nn
+
 #: implementations sinklab loads a model with, best first
 SDPA, SINKLAB, EAGER = "sdpa", "sinklab", "eager"
 
@@ -99,3 +101,18 @@ def layer_kinds(config: Any) -> list[LayerKind]:
     else:
         windows = [window] * n
     return [LayerKind(r, w) for r, w in zip(rotary, windows, strict=True)]
+
+
+def decoder_layers(model: nn.Module, n_layers: int) -> list[nn.Module] | None:
+    """The model's decoder blocks in order: the ModuleList of ``n_layers`` blocks holding the
+    attention modules (``layer_idx`` 0..n-1); None if there is no such list."""
+    for mod in model.modules():
+        if not isinstance(mod, nn.ModuleList) or len(mod) != n_layers:
+            continue
+        idx = [
+            next((int(m.layer_idx) for m in blk.modules() if hasattr(m, "layer_idx")), None)
+            for blk in mod
+        ]
+        if idx == list(range(n_layers)):
+            return list(mod)
+    return None

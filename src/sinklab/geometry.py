@@ -28,6 +28,7 @@ import torch
 from torch import Tensor, nn
 from torch.utils.hooks import RemovableHandle
 
+from sinklab.arch import decoder_layers
 from sinklab.errors import SinklabError
 from sinklab.rotary import text_config
 
@@ -132,19 +133,6 @@ def _attention(block: nn.Module) -> nn.Module:
     raise SinklabError(f"{type(block).__name__} holds no attention module with a layer_idx")
 
 
-def decoder_blocks(model: nn.Module, n_layers: int) -> list[nn.Module] | None:
-    """The ModuleList of ``n_layers`` blocks whose attention modules have ``layer_idx`` 0..n-1."""
-    for mod in model.modules():
-        if isinstance(mod, nn.ModuleList) and len(mod) == n_layers:
-            idx = [
-                next((int(m.layer_idx) for m in b.modules() if hasattr(m, "layer_idx")), None)
-                for b in mod
-            ]
-            if idx == list(range(n_layers)):
-                return list(mod)
-    return None
-
-
 def _key_source(attn: nn.Module, cfg: Any) -> tuple[nn.Module, Any] | str:
     """(module, output -> (B, T, KV, hd) keys) or the reason the keys are not reachable."""
     n_heads = int(cfg.num_attention_heads)
@@ -197,7 +185,7 @@ def capture_geometry(
         raise SinklabError(f"unknown geometry sites {unknown}; use: {', '.join(SITES)}")
     cfg = text_config(model)
     n_layers = int(cfg.num_hidden_layers)
-    blocks = decoder_blocks(model, n_layers)
+    blocks = decoder_layers(model, n_layers)
     if blocks is None:
         raise SinklabError(
             f"{type(model).__name__}: no list of {n_layers} decoder layers found, so sinklab "

@@ -64,21 +64,6 @@ class ProbeCapture(AttentionHandler):
         return self.sums[layer].result()
 
 
-def decoder_layers(model: nn.Module, n_layers: int) -> list[nn.Module] | None:
-    """The model's decoder blocks in order: the ModuleList of ``n_layers`` blocks holding the
-    attention modules (``layer_idx`` 0..n-1); None if there is no such list."""
-    for mod in model.modules():
-        if not isinstance(mod, nn.ModuleList) or len(mod) != n_layers:
-            continue
-        idx = [
-            next((int(m.layer_idx) for m in blk.modules() if hasattr(m, "layer_idx")), None)
-            for blk in mod
-        ]
-        if idx == list(range(n_layers)):
-            return list(mod)
-    return None
-
-
 class HiddenCapture:
     """Forward hooks on decoder blocks: per-layer hidden-state metrics computed on the fly."""
 

@@ -15,9 +15,10 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from sinklab.arch import decoder_layers
 from sinklab.errors import SinklabError
 from sinklab.geometry import Geometry, capture_geometry
-from sinklab.probe.capture import HiddenCapture, ProbeCapture, decoder_layers
+from sinklab.probe.capture import HiddenCapture, ProbeCapture
 from sinklab.probe.spec import BY_NAME, names
 from sinklab.rotary import text_config
 from sinklab.seam import check_supported, sinklab_attention
