@@ -121,7 +121,7 @@ def _boom(*a, **k):
 # where each command is stopped part-way (after some of its files exist in the temporary folder)
 SABOTAGE = {
     "probe": "sinklab.probe.plots.plot_layer_curves",
-    "stream": "sinklab.commands.stream.plot_running_ppl",
+    "stream": "sinklab.stream_summary.plot_running_ppl",
     "ablate": "sinklab.ablate.core.AblationResult.figure",
     "cost": "sinklab.lab.plots.plot_cost",
     "generate": "sinklab.outputs._swap_into_place",

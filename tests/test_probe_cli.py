@@ -46,32 +46,37 @@ def test_probe_writes_json_and_figures(capsys, tmp_path: Path, tiny_model_dir):
     assert set(meta) == {"model", "text", "params", "versions", "machine", "seconds"}
     assert len(meta["text"]["sha256"]) == 64 and "versions" in meta and "seconds" in meta
     assert [e["tokens"] for e in data["by_length"]] == [16, 48]
-    for name in ("sink_mass_heatmap", "layer_curves", "length_trend"):
+    for name in ("sink_mass_heatmap", "layer_curves", "length_trend", "by_layer"):
         assert (tmp_path / f"{name}.png").stat().st_size > 1000
-        assert json.loads((tmp_path / f"{name}.json").read_text())["title"]
+        plotted = json.loads((tmp_path / f"{name}.json").read_text())
+        assert plotted.get("title") or plotted["series"]
     heat = json.loads((tmp_path / "sink_mass_heatmap.json").read_text())
     assert heat["sink_mass"] == data["sink_mass"]
 
     proc = cli(capsys, *args, "--out", str(tmp_path / "t"), "--no-figures")
     assert proc.returncode == 0, proc.stderr
-    assert "sink rate" in proc.stdout and "top sink heads" in proc.stdout
-    assert "first token cosine per layer, attention input:" in proc.stdout
-    assert "sinks start" in proc.stdout or "no head puts more than" in proc.stdout
+    assert "Sink rate:" in proc.stdout and "Top sink heads" in proc.stdout
+    assert "First-token cosine per layer at the attention input:" in proc.stdout
+    assert "first sink head is in layer" in proc.stdout or "no layer has a sink head" in proc.stdout
 
 
 def test_summary_is_computed_from_the_numbers():
-    from sinklab.commands.probe import summary_lines
+    from sinklab.probe.summary import layer_means, summary_sentences, top_heads_sentence
 
     data = {
-        "meta": {"params": {"q0": 0, "tokens": 10}, "model": {"name": "m"}},
+        "meta": {"params": {"q0": 0, "tokens": 10, "eps": [0.3]}, "model": {"name": "m"}},
         "sink_mass": [[0.0, 0.1], [0.5, 0.2], [0.9, 0.95]],
         "sink_rate": {"0.3": 0.5},
         "sink_positions": [{"position": 0, "mass": 0.4}],
     }
-    text = "\n".join(summary_lines(data, 0.3, top=2))
-    assert "L2H1 0.95, L2H0 0.90" in text
-    assert "sinks start at layer 1" in text and "half the heads or more from layer 1" in text
+    text = "\n".join(summary_sentences(data))
+    assert "L2H1 0.95, L2H0 0.90" in top_heads_sentence(data, top=2)
+    assert "first sink head is in layer 1" in text
+    assert "take over from layer 1 (at least half its heads)" in text
     assert "sink heads per layer: 0 1 2" in text
+    nan = float("nan")
+    assert layer_means([[0.2, nan], [nan, nan]])[0] == 0.2  # NaN is left out, never counted as 0
+    assert layer_means([[nan]])[0] != layer_means([[nan]])[0]
 
 
 @pytest.mark.parametrize(

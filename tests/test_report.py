@@ -283,9 +283,9 @@ def test_sigint_leaves_previous_report_intact(quick_report: Path, tiny_model_dir
 
 def test_failing_stage_shows_error_and_others_remain(tiny_model_dir, tmp_path):
     from sinklab.corpus import load_text
+    from sinklab.figures import curves
     from sinklab.models import load_model
     from sinklab.report import ReportConfig, Stage, StageOutput, build_report, select_stages
-    from sinklab.report.figures import curves
     from sinklab.report.stages import Cell, FigureSpec, TableSpec
 
     def boom(ctx):

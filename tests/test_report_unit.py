@@ -8,6 +8,13 @@ import math
 import pytest
 
 from sinklab.errors import SinklabError
+from sinklab.probe.summary import (
+    length_sentence,
+    ranges,
+    sink_depth_sentence,
+    sink_positions_sentence,
+    sink_rate_sentence,
+)
 from sinklab.report.html import fmt, render_page
 from sinklab.report.stages import (
     ReportConfig,
@@ -16,15 +23,8 @@ from sinklab.report.stages import (
     aggregate,
     describe_error,
 )
-from sinklab.report.summary import (
-    _ranges,
-    headline,
-    length_sentence,
-    sink_depth_sentence,
-    sink_positions_sentence,
-    sink_rate_sentence,
-    stream_sentence,
-)
+from sinklab.report.summary import headline
+from sinklab.stream_summary import stream_sentence
 
 PROBE = {
     "meta": {"params": {"q0": 16, "tokens": 512, "eps": [0.3, 0.8]}},
@@ -39,13 +39,12 @@ def ok(name: str, data: dict) -> StageResult:
 
 
 def test_probe_sentences_are_computed_from_numbers():
-    cfg = ReportConfig()
-    assert sink_rate_sentence(PROBE, cfg).startswith("Sink rate: 50% of the 6 heads (3 layers x 2)")
-    assert "(33% put more than 0.8), over 512 tokens with q0 = 16" in sink_rate_sentence(PROBE, cfg)
-    depth = sink_depth_sentence(PROBE, cfg)
+    assert sink_rate_sentence(PROBE).startswith("Sink rate: 50% of the 6 heads (3 layers x 2)")
+    assert "(33% put more than 0.8), over 512 tokens with q0 = 16" in sink_rate_sentence(PROBE)
+    depth = sink_depth_sentence(PROBE)
     assert "from layer 1" in depth and "layers 0 have no sink head" in depth
     assert "densest is layer 2 (100%" in depth
-    pos = sink_positions_sentence(PROBE, cfg)
+    pos = sink_positions_sentence(PROBE)
     assert pos == (
         "Sink positions: the strongest sink is key position 0 (mean received attention 0.61); "
         "other sink positions: 7."
@@ -56,8 +55,8 @@ def test_thresholds_come_from_the_results_own_parameters():
     probe = {**PROBE, "meta": {"params": {"q0": 0, "tokens": 64, "eps": [0.6]}}}
     probe["sink_rate"] = {"0.6": 1 / 3}
     rate, depth = (
-        sink_rate_sentence(probe, ReportConfig()),
-        sink_depth_sentence(probe, ReportConfig()),
+        sink_rate_sentence(probe),
+        sink_depth_sentence(probe),
     )
     assert "33% of the 6 heads" in rate and "more than 0.6 of their attention" in rate
     assert "0.3" not in rate + depth and "0.8" not in rate and "sink mass > 0.6" in depth
@@ -72,7 +71,7 @@ def test_length_and_stream_sentences():
             {"tokens": 128, "sink_rate": {"0.3": 0.4}},
         ],
     }
-    assert length_sentence(trend, ReportConfig()) == (
+    assert length_sentence(trend) == (
         "Context length: the sink rate rises from 40% at 128 tokens to 60% at 512 tokens."
     )
     stream = {
@@ -85,7 +84,7 @@ def test_length_and_stream_sentences():
         },
         "on_recompute_targets": {"n_scored": 30, "ppl": {"sink": 31.0, "recompute": 30.5}},
     }
-    assert stream_sentence(stream, ReportConfig()) == (
+    assert stream_sentence(stream) == (
         "Streaming: 600 tokens with 4 sinks + a 60-token window give perplexity 30.0; the same "
         "memory without sinks (window only) gives 90.0 (3.00x, worse), and the full dense cache "
         "25.0. On the 30 targets the recompute oracle scored: sink 31.0 vs recompute 30.5."
@@ -96,14 +95,14 @@ def test_headline_skips_what_it_cannot_compute_and_names_failures():
     broken = ok("probe", {"sink_mass": "not a matrix"})
     failed = StageResult("stream", "s", "", "failed", 0.1, {}, [], error="RuntimeError: x")
     finding = ok("mask-sink", {"finding": "masking the sink raises perplexity from 12.1 to 410.3"})
-    lines = headline([broken, failed, finding], ReportConfig())
+    lines = headline([broken, failed, finding])
     assert lines == [
         "Ablation: masking the sink: masking the sink raises perplexity from 12.1 to 410.3.",
         "Failed: 1 stage(s) did not run and show their error: stream.",
     ]
 
 
-def test_fmt_aggregate_ranges():
+def test_fmt_aggregateranges():
     assert [fmt(x) for x in (None, True, 3, 0.12345, 12.345, 12345.6, math.nan)] == [
         "–",
         "yes",
@@ -115,7 +114,7 @@ def test_fmt_aggregate_ranges():
     ]
     assert aggregate([[1.0, math.nan], [3.0]], "mean") == 2.0
     assert aggregate(["sink", "mixed", "sink"], "count:sink") == 2
-    assert _ranges([0, 1, 2, 5, 7, 8]) == "0-2, 5, 7-8"
+    assert ranges([0, 1, 2, 5, 7, 8]) == "0-2, 5, 7-8"
 
 
 def test_describe_error_for_a_missing_library():

@@ -11,7 +11,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 from matplotlib.figure import Figure
 
-from sinklab.meta import write_json_atomic
+from sinklab import figures
 
 
 def _title(data: dict[str, Any]) -> str:
@@ -27,11 +27,7 @@ def _title(data: dict[str, Any]) -> str:
 
 def _save(fig: Figure, plotted: dict[str, Any], data: dict[str, Any], path: Path) -> Figure:
     fig.suptitle(_title(data), fontsize=8)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    write_json_atomic(path.with_suffix(".json"), {"title": _title(data), **plotted})
-    plt.close(fig)
+    figures.save(fig, path, {"title": _title(data), **plotted})
     return fig
 
 
@@ -149,11 +145,8 @@ def plot_sensitivity(data: dict[str, Any], path: Path) -> Figure:
     axes[2].set_ylabel("mean Jacobian norm")
     axes[2].legend(fontsize=7)
     fig.suptitle(_title(data), fontsize=8)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
     plotted = {"positions": pos, "matrices": data["matrices"], "by_distance": curves}
-    write_json_atomic(path.with_suffix(".json"), {"title": _title(data), **plotted})
-    plt.close(fig)
+    figures.save(fig, path, {"title": _title(data), **plotted}, tight=False)  # colorbar over 2 axes
     return fig
 
 

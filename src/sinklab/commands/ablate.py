@@ -111,9 +111,10 @@ def ablate(
     sinklab ablate -e density --lams 0,0.5,1 --out runs/density;
     sinklab ablate -e density --protocol temperature --temperatures 0.5,1,2 --layers 10-19
     """
-    from sinklab.ablate import AblationConfig, check_experiment, run_experiment
+    from sinklab.ablate import AblationConfig, check_experiment, get_experiment, run_experiment
     from sinklab.ablate.core import model_shape
-    from sinklab.corpus import documents, load_text, token_stream
+    from sinklab.ablate.inputs import experiment_ids
+    from sinklab.corpus import load_text
     from sinklab.meta import attach_meta
     from sinklab.models import load_model
     from sinklab.outputs import check_out, write_results
@@ -142,30 +143,26 @@ def ablate(
     with stderr.status("loading model"):
         loaded = load_model(model, trust_remote_code=trust_remote_code)
     config.check_model(*model_shape(loaded.model))  # layer / head ranges, before any work
-    tok = loaded.tokenizer
-    from sinklab.ablate import get_experiment
-
-    n_rows = texts if get_experiment(experiment).texts else 1
-    docs = documents(text) if text in (None, "shakespeare") else [txt]
-    if len(docs) >= n_rows:
-        rows = [token_stream(d, tok, tokens) for d in docs[:n_rows]]
-    else:  # one text: consecutive windows of it
-        rows = list(token_stream(txt, tok, tokens * n_rows).view(n_rows, tokens))
-    import torch
-
-    ids = torch.stack(rows)  # (B, T)
+    ids = experiment_ids(
+        text, txt, loaded.tokenizer, tokens, texts if get_experiment(experiment).texts else 1
+    )  # (B, T)
     start = time.perf_counter()
     with progress(fmt is OutputFormat.text) as prog:
         task = prog.add_task(experiment, total=None, status="")
         result = run_experiment(
             experiment,
             loaded.model,
-            tok,
+            loaded.tokenizer,
             ids,
             config,
             callback=lambda done, total: prog.update(task, completed=done, total=total),
         )
-    params = {**asdict(config), "experiment": experiment, "tokens": tokens, "texts": n_rows}
+    params = {
+        **asdict(config),
+        "experiment": experiment,
+        "tokens": tokens,
+        "texts": int(ids.shape[0]),
+    }
     data = attach_meta(result, loaded.info, txt, params, time.perf_counter() - start).to_json()
 
     def figure(folder: Path) -> list[Path]:

@@ -60,6 +60,9 @@ TrustOpt = Annotated[
     ),
 ]
 SeedOpt = Annotated[int, typer.Option("--seed", help="Random seed.")]
+# the sink cache (stream, generate)
+NSinkOpt = Annotated[int, typer.Option("--n-sink", help="Sink positions kept (StreamingLLM: 4).")]
+WindowOpt = Annotated[int, typer.Option("--window", help="Most recent positions kept.")]
 
 stderr = Console(stderr=True)
 

@@ -8,8 +8,7 @@ from typing import Annotated
 
 import typer
 
-from sinklab.commands.common import ModelOpt, SeedOpt, TrustOpt, stderr
-from sinklab.commands.stream import NSinkOpt, WindowOpt
+from sinklab.commands.common import ModelOpt, NSinkOpt, SeedOpt, TrustOpt, WindowOpt, stderr
 from sinklab.errors import SinklabError
 
 

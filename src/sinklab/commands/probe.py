@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from dataclasses import asdict
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated
 
 import typer
 
@@ -35,55 +35,6 @@ def parse_eps(value: str) -> tuple[float, ...]:
         raise SinklabError(
             f"--eps must be numbers in (0, 1), e.g. 0.3,0.8; got {value!r}"
         ) from None
-
-
-def summary_lines(data: dict[str, Any], eps: float, top: int = 5) -> list[str]:
-    """The text summary, computed from the numbers in ``data`` (probe.json's content)."""
-    sm = data["sink_mass"]
-    n_layers, n_heads = len(sm), len(sm[0])
-    meta = data["meta"]
-    params = meta["params"]
-    q0 = params["q0"]
-    rates = ", ".join(f"{v:.1%} at eps={k}" for k, v in data["sink_rate"].items())
-    lines = [
-        f"{(meta['model'] or {}).get('name', 'model')}: {params['tokens']} tokens, "
-        f"{n_layers} layers x {n_heads} heads, q0={q0}",
-        f"sink rate (heads with sink mass > eps): {rates}",
-    ]
-    ranked = sorted(
-        ((v, li, h) for li, row in enumerate(sm) for h, v in enumerate(row) if v == v),
-        reverse=True,
-    )[:top]
-    heads = ", ".join(f"L{li}H{h} {v:.2f}" for v, li, h in ranked)
-    lines.append(f"top sink heads (layer, head, sink mass): {heads}")
-    counts = [sum(v > eps for v in row) for row in sm]
-    first = next((i for i, c in enumerate(counts) if c > 0), None)
-    half = next((i for i, c in enumerate(counts) if 2 * c >= n_heads), None)
-    if first is None:
-        lines.append(f"no head puts more than {eps} of its attention on key 0")
-    else:
-        per_layer = " ".join(str(c) for c in counts)
-        lines.append(
-            f"sinks start at layer {first} (first layer with a head above eps={eps})"
-            + (f"; half the heads or more from layer {half}" if half is not None else "")
-            + f"; sink heads per layer: {per_layer}"
-        )
-    pos = ", ".join(f"{p['position']} ({p['mass']:.3f})" for p in data["sink_positions"])
-    lines.append(f"sink positions (key: mean received attention): {pos or 'none'}")
-    geo = data.get("geometry")
-    for metric in ("first_token_cosine", "token_similarity") if geo else ():
-        for site in geo["sites"]:  # per layer at each site (sinklab.geometry)
-            vals = [e[metric][site] for e in geo["layers"]]
-            shown = " ".join("-" if v is None else f"{v:.2f}" for v in vals)
-            lines.append(f"{metric.replace('_', ' ')} per layer, {site.replace('_', ' ')}: {shown}")
-    if "by_length" in data:
-        trend = "; ".join(
-            f"{e['tokens']}: rate {e['sink_rate'].get(f'{eps:g}', float('nan')):.1%}, "
-            f"mass {e['mean_sink_mass']:.3f}"
-            for e in data["by_length"]
-        )
-        lines.append(f"by length (eps={eps}): {trend}")
-    return lines
 
 
 def probe(
@@ -118,6 +69,8 @@ def probe(
     from sinklab.outputs import check_out, write_results
     from sinklab.probe import ProbeConfig, check_lengths, probe_lengths
     from sinklab.probe import probe as run_probe
+    from sinklab.probe.plots import probe_figures
+    from sinklab.probe.summary import summary_sentences
     from sinklab.seam import check_supported
 
     # cheap checks first, before the model loads
@@ -173,43 +126,14 @@ def probe(
         out,
         "probe",
         {"probe.json": data},
-        None if no_figures else lambda folder: _figures(data, folder, info.name, txt.name),
+        None if no_figures else lambda folder: probe_figures(data, folder),
     )
     if fmt is OutputFormat.json:
         emit_json(data)
         return
-    for line in summary_lines(data, config.eps[0]):
+    for line in summary_sentences(data):
         typer.echo(line)
     typer.echo("wrote " + ", ".join(map(str, written)))
-
-
-def _figures(data: dict[str, Any], out: Path, model: str, text: str) -> list[Path]:
-    from sinklab.probe.plots import plot_layer_curves, plot_length_trend, plot_sink_heatmap
-
-    meta = data["meta"]
-    p = meta["params"]
-    tag = f"{model} | {text} | {p['tokens']} tokens | q0={p['q0']} | seed: none"
-    paths = [out / "sink_mass_heatmap.png", out / "layer_curves.png"]
-    plot_sink_heatmap(data["sink_mass"], paths[0], f"sink mass per layer and head\n{tag}")
-    curves = {
-        "sink mass (mean over heads)": [
-            sum(v for v in row if v == v) / max(1, len(row)) for row in data["sink_mass"]
-        ],
-        "first-token cosine": data["first_token_cosine"],
-        "token similarity": data["token_similarity"],
-    }
-    for site in (data.get("geometry") or {}).get("sites", []):  # sinklab.geometry's three sites
-        ys = [e["first_token_cosine"][site] for e in data["geometry"]["layers"]]
-        if None not in ys:
-            curves[f"first-token cosine, {site.replace('_', ' ')} (entering the layer)"] = ys
-    plot_layer_curves(curves, paths[1], f"per layer\n{tag}")
-    if "by_length" in data:
-        paths.append(out / "length_trend.png")
-        eps = ",".join(str(e) for e in p["eps"])
-        plot_length_trend(
-            data["by_length"], paths[2], f"sinks vs context length (eps={eps})\n{tag}"
-        )
-    return paths
 
 
 def register(app: typer.Typer) -> None:

@@ -2,16 +2,15 @@
 
 from __future__ import annotations
 
-import math
 import time
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated
 
 import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from sinklab.cache import POLICIES
-from sinklab.commands.common import ModelOpt, TextOpt, TrustOpt, stderr
+from sinklab.commands.common import ModelOpt, NSinkOpt, TextOpt, TrustOpt, WindowOpt, stderr
 from sinklab.errors import SinklabError
 
 PolicyOpt = Annotated[
@@ -22,8 +21,6 @@ PolicyOpt = Annotated[
         help=f"One of {', '.join(POLICIES)}, a comma-separated list, or 'all'.",
     ),
 ]
-NSinkOpt = Annotated[int, typer.Option("--n-sink", help="Sink positions kept (StreamingLLM: 4).")]
-WindowOpt = Annotated[int, typer.Option("--window", help="Most recent positions kept.")]
 
 
 def parse_policies(value: str) -> tuple[str, ...]:
@@ -36,37 +33,6 @@ def parse_policies(value: str) -> tuple[str, ...]:
             f"{', '.join(POLICIES)} or 'all'"
         )
     return tuple(dict.fromkeys(names))
-
-
-def running_ppl(nll: list[float]) -> list[float]:
-    """exp of the running mean of the scored (non-NaN) per-target NLLs."""
-    out, total, n = [], 0.0, 0
-    for x in nll:
-        if not math.isnan(x):
-            total, n = total + x, n + 1
-        out.append(math.exp(total / n) if n else math.nan)
-    return out
-
-
-def plot_running_ppl(data: dict[str, Any], path: Path, title: str, vline: float) -> Path:
-    """Running perplexity against tokens, every policy, log scale; PNG + its numbers as JSON."""
-    from sinklab.report.figures import curves
-
-    pols = data["policies"]
-    n = max(len(r["nll"]) for r in pols.values())
-    stride = max(1, n // 2000)  # at most ~2000 points per line
-    xs = list(range(1, n + 1))[::stride]
-    series = {p: running_ppl(r["nll"])[::stride] for p, r in pols.items()}
-    return curves(
-        xs,
-        series,
-        path,
-        title=title,
-        xlabel="tokens streamed",
-        ylabel="running perplexity (log scale)",
-        logy=True,
-        vline=vline,
-    )
 
 
 def stream(
@@ -111,6 +77,7 @@ def stream(
     from sinklab.meta import attach_meta
     from sinklab.models import load_model
     from sinklab.outputs import check_out, write_results
+    from sinklab.stream_summary import plot_running_ppl, policy_lines
     from sinklab.streaming import StreamConfig, streaming_perplexity
 
     # cheap checks first: sizes, policies and the text fail before the model loads
@@ -148,26 +115,11 @@ def stream(
         start = time.perf_counter()
         result = streaming_perplexity(loaded.model, ids, config, callback)
     data = attach_meta(result, loaded.info, txt, config, time.perf_counter() - start).to_json()
-    title = f"Streaming perplexity ({loaded.info.name}, n_sink={n_sink}, window={window})"
     written = write_results(
-        out,
-        "stream",
-        {"stream.json": data},
-        lambda folder: [plot_running_ppl(data, folder / "running_ppl.png", title, n_sink + window)],
+        out, "stream", {"stream.json": data}, lambda folder: [plot_running_ppl(data, folder)]
     )
-    for name, r in result.policies.items():
-        cache = "none (a fresh forward per target)" if r.max_cache_len is None else r.max_cache_len
-        stderr.print(
-            f"{name:>9}: ppl {r.ppl:8.2f}  {r.tokens_per_s:6.1f} tok/s  "
-            f"peak RSS {r.peak_rss_mb:7.0f} MB  max cache {cache}"
-        )
-    shared = data.get("on_recompute_targets")
-    if shared and len(shared.get("ppl", {})) > 1:
-        each = ", ".join(f"{k} {v:.2f}" for k, v in shared["ppl"].items())
-        stderr.print(
-            f"on the {shared['n_scored']} targets the oracle scored "
-            f"(every {shared['recompute_every']}th): {each}"
-        )
+    for line in policy_lines(data):
+        stderr.print(line, highlight=False)
     stderr.print("wrote " + " and ".join(map(str, written)))
 
 

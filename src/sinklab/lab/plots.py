@@ -1,5 +1,5 @@
 """Lab figures (matplotlib, Agg). Each takes data and a path, saves the PNG and the plotted
-numbers as JSON beside it (same stem, ``.json``), and returns the figure."""
+numbers as JSON beside it (same stem, ``.json``), and returns the PNG path."""
 
 from __future__ import annotations
 
@@ -11,34 +11,24 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
-from matplotlib.figure import Figure
 from matplotlib.ticker import NullFormatter
 
-from sinklab.meta import write_json_atomic
+from sinklab import figures
 
 
-def _save(fig: Figure, path: Path, numbers: Any) -> Figure:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    write_json_atomic(path.with_suffix(".json"), numbers)
-    return fig
-
-
-def plot_loss(loss: Sequence[tuple[int, float]], path: Path, *, title: str = "") -> Figure:
+def plot_loss(loss: Sequence[tuple[int, float]], path: Path, *, title: str = "") -> Path:
     """Training loss (nats/token) against step."""
     fig, ax = plt.subplots(figsize=(6, 4))
     steps, values = [s for s, _ in loss], [v for _, v in loss]
     ax.plot(steps, values, lw=0.8)
     ax.set(xlabel="step", ylabel="training loss (nats / token)", title=f"loss: {title}")
     ax.grid(alpha=0.3)
-    return _save(fig, path, {"step": steps, "loss": values, "title": title})
+    return figures.save(fig, path, dpi=120, numbers={"step": steps, "loss": values, "title": title})
 
 
 def plot_sink_emergence(
     checkpoints: Sequence[dict[str, Any]], path: Path, *, title: str = ""
-) -> Figure:
+) -> Path:
     """Sink rate (eps 0.3, 0.8) and mean first-token sink mass against checkpoint step."""
     steps = [c["step"] for c in checkpoints]
     numbers: dict[str, Any] = {"step": steps, "title": title, "q0": 0}
@@ -56,10 +46,10 @@ def plot_sink_emergence(
     ax.set_title(f"sink emergence: {title} (q0 = 0)")
     ax.legend(fontsize=8)
     ax.grid(alpha=0.3)
-    return _save(fig, path, numbers)
+    return figures.save(fig, path, dpi=120, numbers=numbers)
 
 
-def plot_sweep(rows: Sequence[dict[str, Any]], path: Path, *, title: str = "") -> Figure:
+def plot_sweep(rows: Sequence[dict[str, Any]], path: Path, *, title: str = "") -> Path:
     """Per run: sink rate (eps 0.3 / 0.8), first-token mass, and BOS/first-token-removal damage."""
     names = [r["name"] for r in rows]
     fig, (a1, a2) = plt.subplots(1, 2, figsize=(10, 4))
@@ -75,12 +65,12 @@ def plot_sweep(rows: Sequence[dict[str, Any]], path: Path, *, title: str = "") -
     a2.set(ylabel="PPL increase without first token (%)", title="first-token / BOS removal damage")
     for ax in (a1, a2):
         ax.grid(alpha=0.3, axis="y")
-    return _save(fig, path, {"rows": list(rows), "title": title})
+    return figures.save(fig, path, dpi=120, numbers={"rows": list(rows), "title": title})
 
 
 def plot_cost(
     rows: Sequence[dict[str, Any]], fits: dict[str, Any], path: Path, *, subtitle: str = ""
-) -> Figure:
+) -> Path:
     """Log-log norm of the fitted layer against T, per pattern, with the fitted power laws."""
     fig, axes = plt.subplots(1, 2, figsize=(10, 4))
     if subtitle:
@@ -102,4 +92,4 @@ def plot_cost(
         ax.set_title(f"cost of a pattern ({name})")
         ax.legend(fontsize=8)
         ax.grid(alpha=0.3, which="both")
-    return _save(fig, path, {"rows": list(rows), "fits": fits})
+    return figures.save(fig, path, dpi=120, numbers={"rows": list(rows), "fits": fits})

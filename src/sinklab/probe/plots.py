@@ -1,5 +1,6 @@
-"""Probe figures (matplotlib Agg): each takes data and a path, saves the PNG and the plotted
-numbers as JSON beside it (same stem), and returns the figure."""
+"""Probe figures, the only ones: ``sinklab probe`` and the report's probe sections both call
+:func:`probe_figures` (so a section's "reproduce" command draws the same files). Each figure is a
+PNG with its plotted numbers as JSON beside it (same stem)."""
 
 from __future__ import annotations
 
@@ -10,32 +11,33 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
-from matplotlib.figure import Figure
 
-from sinklab.meta import write_json_atomic
+from sinklab import figures
+from sinklab.probe.summary import layer_means
+
+HEATMAP, CURVES, TREND, BY_LAYER = "sink_mass_heatmap", "layer_curves", "length_trend", "by_layer"
+CAPTIONS = {
+    HEATMAP: "Sink mass m(l, h): mean attention on key 0 over queries t >= q0 (residual-stream "
+    "attention weights of every layer and head).",
+    CURVES: "Per layer: mean sink mass over heads, first-token cosine (<= 0 in middle layers per "
+    "seed 004) and token similarity (oversmoothing), both measured on the residual stream.",
+    TREND: "Sink rate and mean sink mass as the context grows.",
+    BY_LAYER: "Mean sink mass per layer, one line per context length.",
+}
 
 
-def _save(fig: Figure, path: Path, data: dict[str, Any]) -> Figure:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110, bbox_inches="tight")
-    write_json_atomic(path.with_suffix(".json"), data)
-    plt.close(fig)
-    return fig
-
-
-def plot_sink_heatmap(sink_mass: list[list[float]], path: Path, title: str) -> Figure:
+def plot_sink_heatmap(sink_mass: list[list[float]], path: Path, title: str) -> Path:
     """Layer x head heatmap of sink mass (fraction of attention on key 0, 0..1)."""
-    fig, ax = plt.subplots(figsize=(1.2 + 0.45 * len(sink_mass[0]), 1.0 + 0.22 * len(sink_mass)))
-    im = ax.imshow(sink_mass, aspect="auto", cmap="viridis", vmin=0.0, vmax=1.0, origin="upper")
-    ax.set_xlabel("head")
-    ax.set_ylabel("layer")
-    ax.set_title(title, fontsize=9)
-    fig.colorbar(im, ax=ax, label="sink mass (fraction of attention on key 0)")
-    return _save(fig, path, {"title": title, "sink_mass": sink_mass, "axes": ["layer", "head"]})
+    return figures.heatmap(
+        sink_mass,
+        path,
+        title=title,
+        cbar="sink mass (fraction of attention on key 0)",
+        numbers={"title": title, "sink_mass": sink_mass, "axes": ["layer", "head"]},
+    )
 
 
-def plot_layer_curves(curves: dict[str, list[float]], path: Path, title: str) -> Figure:
+def plot_layer_curves(curves: dict[str, list[float]], path: Path, title: str) -> Path:
     """Per-layer curves: mean sink mass over heads, first-token cosine, token similarity."""
     fig, ax = plt.subplots(figsize=(7, 4))
     for name, ys in curves.items():
@@ -45,10 +47,10 @@ def plot_layer_curves(curves: dict[str, list[float]], path: Path, title: str) ->
     ax.set_ylabel("value (mass: fraction of attention; cosine: -1..1)")
     ax.set_title(title, fontsize=9)
     ax.legend(fontsize=8)
-    return _save(fig, path, {"title": title, "x": "layer", **curves})
+    return figures.save(fig, path, {"title": title, "x": "layer", **curves})
 
 
-def plot_length_trend(trend: list[dict[str, Any]], path: Path, title: str) -> Figure:
+def plot_length_trend(trend: list[dict[str, Any]], path: Path, title: str) -> Path:
     """Sink rate and mean sink mass against context length (tokens, log scale)."""
     lengths = [e["tokens"] for e in trend]
     fig, ax = plt.subplots(figsize=(7, 4))
@@ -63,4 +65,48 @@ def plot_length_trend(trend: list[dict[str, Any]], path: Path, title: str) -> Fi
     ax.set_ylim(0, 1)
     ax.set_title(title, fontsize=9)
     ax.legend(fontsize=8)
-    return _save(fig, path, {"title": title, "by_length": trend})
+    return figures.save(fig, path, {"title": title, "by_length": trend})
+
+
+def probe_figures(data: dict[str, Any], folder: Path, lengths_only: bool = False) -> list[Path]:
+    """Every figure of a probe result (``probe.json``'s content) into ``folder``: the heatmap and
+    the per-layer curves, and with ``by_length`` the length trend and the per-layer mass by
+    length. ``lengths_only``: just the length figures (the report's length section)."""
+    meta = data["meta"]
+    p = meta["params"]
+    model = (meta.get("model") or {}).get("name", "model")
+    text = (meta.get("text") or {}).get("name", "text")
+    tokens = p.get("tokens") or max(p.get("lengths") or [0])
+    tag = f"{model} | {text} | {tokens} tokens | q0={p['q0']}"
+    paths = []
+    if not lengths_only:
+        paths.append(
+            plot_sink_heatmap(data["sink_mass"], folder / f"{HEATMAP}.png", f"sink mass\n{tag}")
+        )
+        curves = {
+            "sink mass (mean over heads)": layer_means(data["sink_mass"]),
+            "first-token cosine": data["first_token_cosine"],
+            "token similarity": data["token_similarity"],
+        }
+        for site in (data.get("geometry") or {}).get("sites", []):  # sinklab.geometry's sites
+            ys = [e["first_token_cosine"][site] for e in data["geometry"]["layers"]]
+            if None not in ys:
+                curves[f"first-token cosine, {site.replace('_', ' ')} (entering the layer)"] = ys
+        paths.append(plot_layer_curves(curves, folder / f"{CURVES}.png", f"per layer\n{tag}"))
+    if "by_length" in data:
+        rows = data["by_length"]
+        eps = ",".join(f"{e:g}" for e in p["eps"])
+        paths.append(
+            plot_length_trend(rows, folder / f"{TREND}.png", f"sinks vs length (eps={eps})\n{tag}")
+        )
+        paths.append(
+            figures.curves(
+                list(range(len(rows[0]["sink_mass_by_layer"]))),
+                {f"T={r['tokens']}": r["sink_mass_by_layer"] for r in rows},
+                folder / f"{BY_LAYER}.png",
+                title=f"mean sink mass per layer, by context length\n{tag}",
+                xlabel="layer",
+                ylabel="mean sink mass over heads",
+            )
+        )
+    return paths

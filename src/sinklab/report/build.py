@@ -135,7 +135,7 @@ def _build_in(
         done += cost
         progress(1.0, results[-1].status)
     seconds = time.perf_counter() - start
-    summary = headline(results, config)
+    summary = headline(results)
     data = {
         "meta": None,  # attach_meta below
         "summary": summary,

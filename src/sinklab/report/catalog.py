@@ -15,7 +15,6 @@ from typing import Any
 
 from sinklab.errors import SinklabError
 from sinklab.meta import attach_meta
-from sinklab.report import figures
 from sinklab.report.stages import (
     Cell,
     FigureSpec,
@@ -24,27 +23,12 @@ from sinklab.report.stages import (
     StageContext,
     StageOutput,
     TableSpec,
-    aggregate,
     reproduce_dir,
 )
 
 
 def _base_command(ctx: StageContext, sub: str) -> list[str]:
     return ["sinklab", sub, "--model", ctx.model_spec, "--text", ctx.text_spec]
-
-
-def _out(ctx: StageContext, name: str) -> str:
-    return reproduce_dir(ctx, name)
-
-
-def _library_figures(ctx: StageContext, paths: Sequence[Any], captions: dict[str, str]) -> list:
-    """FigureSpecs for PNGs a library wrote (caption from ``captions`` by file stem)."""
-    specs = []
-    for p in paths:
-        p = ctx.figures_dir / p if not hasattr(p, "is_file") else p
-        if p.suffix == ".png" and p.is_file():
-            specs.append(FigureSpec(p, captions.get(p.stem, p.stem.replace("_", " "))))
-    return specs
 
 
 # --------------------------------------------------------------------------- probe
@@ -63,8 +47,10 @@ def _probe_command(ctx: StageContext) -> list[str]:
         str(p["tokens"]),
         "--q0",
         str(p["q0"]),
+        "--eps",
+        ",".join(f"{e:g}" for e in _probe_config(ctx).eps),
         "--out",
-        _out(ctx, "probe"),
+        reproduce_dir(ctx, "probe"),
     ]
 
 
@@ -96,38 +82,12 @@ def _run_probe(ctx: StageContext) -> StageOutput:
     return StageOutput(data, _probe_figures(ctx, data), _probe_tables(data))
 
 
-def _probe_figures(ctx: StageContext, data: dict[str, Any]) -> list[FigureSpec]:
-    d = ctx.figures_dir
-    name, q0, t = ctx.loaded.info.name, ctx.config.q0, _probe_params(ctx)["tokens"]
-    heat = figures.heatmap(
-        data["sink_mass"],
-        d / "sink_mass.png",
-        title=f"Sink mass per head ({name}, T={t}, q0={q0})",
-        cbar="sink mass (mean attention on key 0)",
-    )
-    layers = list(range(len(data["sink_mass"])))
-    mean_mass = [aggregate(row, "mean") for row in data["sink_mass"]]
-    curves = figures.curves(
-        layers,
-        {
-            "mean sink mass": mean_mass,
-            "first-token cosine": data["first_token_cosine"],
-            "token similarity": data["token_similarity"],
-        },
-        d / "per_layer.png",
-        title=f"Per layer ({name}, T={t}, q0={q0})",
-        xlabel="layer",
-        ylabel="value",
-        hline=0.0,
-    )
-    return [
-        FigureSpec(heat, f"Sink mass m(l, h): mean attention on key 0 over queries t >= {q0}."),
-        FigureSpec(
-            curves,
-            "Per layer: mean sink mass over heads, first-token cosine (<= 0 in middle layers "
-            "per seed 004) and token similarity (oversmoothing).",
-        ),
-    ]
+def _probe_figures(ctx: StageContext, data: dict[str, Any], lengths_only: bool = False) -> list:
+    """The probe's own figures (what ``sinklab probe`` draws), captioned for the page."""
+    from sinklab.probe.plots import CAPTIONS, probe_figures
+
+    paths = probe_figures(data, ctx.figures_dir, lengths_only=lengths_only)
+    return [FigureSpec(p, CAPTIONS[p.stem]) for p in paths]
 
 
 def _probe_tables(data: dict[str, Any]) -> list[TableSpec]:
@@ -217,8 +177,10 @@ def _probe_lengths_command(ctx: StageContext) -> list[str]:
         ",".join(map(str, p["lengths"])),
         "--q0",
         str(p["q0"]),
+        "--eps",
+        ",".join(f"{e:g}" for e in _probe_config(ctx).eps),
         "--out",
-        _out(ctx, "probe-lengths"),
+        reproduce_dir(ctx, "probe-lengths"),
     ]
 
 
@@ -242,24 +204,6 @@ def _run_probe_lengths(ctx: StageContext) -> StageOutput:
     attach_meta(data, ctx.loaded.info, ctx.text, params, time.perf_counter() - start)
     rows = data["by_length"]
     keys = sorted(rows[0]["sink_rate"])
-    d, name = ctx.figures_dir, ctx.loaded.info.name
-    rate_fig = figures.curves(
-        trend.lengths,
-        {f"sink rate (eps {k})": [r["sink_rate"][k] for r in rows] for k in keys}
-        | {"mean sink mass": [r["mean_sink_mass"] for r in rows]},
-        d / "length_trend.png",
-        title=f"Sinks against context length ({name}, q0={p['q0']})",
-        xlabel="tokens",
-        ylabel="share of heads / mass",
-    )
-    by_layer = figures.curves(
-        list(range(len(rows[0]["sink_mass_by_layer"]))),
-        {f"T={r['tokens']}": r["sink_mass_by_layer"] for r in rows},
-        d / "sink_mass_by_layer.png",
-        title=f"Mean sink mass per layer, by context length ({name})",
-        xlabel="layer",
-        ylabel="mean sink mass over heads",
-    )
     table = TableSpec(
         "By length",
         ("tokens", *(f"sink rate (eps {k})" for k in keys), "mean sink mass"),
@@ -272,14 +216,7 @@ def _run_probe_lengths(ctx: StageContext) -> StageOutput:
             for i in range(len(rows))
         ),
     )
-    return StageOutput(
-        data,
-        [
-            FigureSpec(rate_fig, "Sink rate and mean sink mass as the context grows."),
-            FigureSpec(by_layer, "Mean sink mass per layer, one line per context length."),
-        ],
-        [table],
-    )
+    return StageOutput(data, _probe_figures(ctx, data, lengths_only=True), [table])
 
 
 # --------------------------------------------------------------------------- registry

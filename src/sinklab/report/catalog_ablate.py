@@ -7,8 +7,8 @@ import time
 from dataclasses import asdict
 from typing import Any
 
+from sinklab import figures
 from sinklab.meta import attach_meta
-from sinklab.report import figures
 from sinklab.report.stages import (
     Cell,
     FigureSpec,
@@ -53,36 +53,22 @@ def _command(name: str):
     return command
 
 
-def _geometry_ids(ctx: StageContext, n_texts: int, n: int) -> Any:
-    """(B, T): the first T tokens of B plays for the default corpus, else B consecutive windows
-    of the text (as ``sinklab ablate --experiment geometry --texts B`` reads them)."""
-    import torch
-
-    from sinklab.corpus import DEFAULT_TEXT, documents, token_stream
-
-    tok = ctx.loaded.tokenizer
-    docs = documents(ctx.text_spec) if ctx.text_spec == DEFAULT_TEXT else [ctx.text]
-    if len(docs) >= n_texts:
-        return torch.stack([token_stream(d, tok, n) for d in docs[:n_texts]])
-    return ctx.ids(n * n_texts).view(n_texts, n)
-
-
 def _run(name: str):
     def run(ctx: StageContext) -> StageOutput:
         from sinklab.ablate import AblationConfig, run_experiment
+        from sinklab.ablate.inputs import experiment_ids
 
         p = _params(name)(ctx)
         config = AblationConfig(q0=p["q0"], grid=p.get("grid", 16), seed=p["seed"])
         n = p["tokens"]
-        ids = _geometry_ids(ctx, p["texts"], n) if "texts" in p else ctx.ids(n)
+        ids = experiment_ids(ctx.text_spec, ctx.text, ctx.loaded.tokenizer, n, p.get("texts", 1))
 
         def callback(done: int, total: int) -> None:
             ctx.progress(done / max(1, total), f"condition {done}/{total}")
 
         start = time.perf_counter()
         result = run_experiment(name, ctx.loaded.model, ctx.loaded.tokenizer, ids, config, callback)
-        texts = int(ids.shape[0]) if ids.ndim == 2 else 1
-        params = {**asdict(config), "experiment": name, "tokens": n, "texts": texts}
+        params = {**asdict(config), "experiment": name, "tokens": n, "texts": int(ids.shape[0])}
         attach_meta(result, ctx.loaded.info, ctx.text, params, time.perf_counter() - start)
         data = result.to_json()
         png = ctx.figures_dir / f"{name}.png"

@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import math
 import time
 from typing import Any
 
-from sinklab.report import figures
 from sinklab.report.stages import (
     Cell,
     FigureSpec,
@@ -83,31 +81,11 @@ def _run(ctx: StageContext) -> StageOutput:
     return StageOutput(data, [_figure(ctx, data)], [_table(data)], _notes(data))
 
 
-def running_ppl(nll: list[float]) -> list[float]:
-    """exp of the running mean of the scored (non-NaN) per-token NLLs: the curve we plot."""
-    out, total, n = [], 0.0, 0
-    for x in nll:
-        if x == x:
-            total, n = total + x, n + 1
-        out.append(math.exp(total / n) if n else math.nan)
-    return out
-
-
 def _figure(ctx: StageContext, data: dict[str, Any]) -> FigureSpec:
-    pols = data["policies"]
-    n = max(len(r["nll"]) for r in pols.values())
+    from sinklab.stream_summary import plot_running_ppl
+
+    path = plot_running_ppl(data, ctx.figures_dir)
     p = _params(ctx)
-    path = figures.curves(
-        list(range(1, n + 1)),
-        {name: running_ppl(r["nll"]) for name, r in pols.items()},
-        ctx.figures_dir / "running_ppl.png",
-        title=f"Streaming perplexity ({ctx.loaded.info.name}, n_sink={p['n_sink']}, "
-        f"window={p['window']})",
-        xlabel="tokens streamed",
-        ylabel="running perplexity (log)",
-        logy=True,
-        vline=p["n_sink"] + p["window"],
-    )
     return FigureSpec(
         path,
         "Running perplexity as the text streams in, one line per policy (log scale). The dashed "

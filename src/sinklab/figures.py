@@ -1,12 +1,12 @@
-"""Plain figures drawn from numbers a stage already returned (used when its library draws none).
+"""The figure writer every area uses: :func:`save` (a PNG and the plotted numbers beside it as
+``NAME.json``), and the plain shapes (:func:`heatmap`, :func:`curves`, :func:`bars`).
 
-Each function takes data and a path, writes a PNG plus the plotted numbers beside it
-(``NAME.json``), and returns the path. Nothing is computed here beyond what is plotted.
+Each shape takes data and a path, writes the PNG plus its numbers and returns the path. Nothing is
+computed here beyond what is plotted.
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -20,12 +20,19 @@ from matplotlib.ticker import MaxNLocator
 DPI = 110
 
 
-def _save(fig: Any, path: Path, data: Any) -> Path:
+def save(fig: Any, path: Path, numbers: Any, *, dpi: int = DPI, tight: bool = True) -> Path:
+    """Write ``fig`` to ``path`` (PNG) and ``numbers`` beside it (``NAME.json``); close ``fig``."""
+    from sinklab.meta import write_json_atomic
+
+    path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.tight_layout()
-    fig.savefig(path, dpi=DPI)
-    plt.close(fig)
-    path.with_suffix(".json").write_text(json.dumps(data, default=float))
+    try:
+        if tight:
+            fig.tight_layout()
+        fig.savefig(path, dpi=dpi)
+    finally:
+        plt.close(fig)
+    write_json_atomic(path.with_suffix(".json"), numbers)
     return path
 
 
@@ -39,14 +46,17 @@ def heatmap(
     cbar: str = "",
     vmin: float | None = 0.0,
     vmax: float | None = 1.0,
+    numbers: Mapping[str, Any] | None = None,
 ) -> Path:
-    """A layer x head (rows x columns) heatmap, layer 0 at the top."""
+    """A layer x head (rows x columns) heatmap, layer 0 at the top; ``numbers`` (default
+    ``{"matrix": matrix}``) are saved beside it."""
     rows, cols = len(matrix), len(matrix[0]) if matrix else 0
     fig, ax = plt.subplots(figsize=(min(9.0, 2.5 + 0.45 * cols), min(8.0, 1.8 + 0.22 * rows)))
     im = ax.imshow(matrix, aspect="auto", cmap="magma", vmin=vmin, vmax=vmax)
-    ax.set(title=title, xlabel=xlabel, ylabel=ylabel)
+    ax.set_title(title, fontsize=9)
+    ax.set(xlabel=xlabel, ylabel=ylabel)
     fig.colorbar(im, ax=ax, label=cbar)
-    return _save(fig, path, {"matrix": matrix})
+    return save(fig, path, dict(numbers) if numbers is not None else {"matrix": matrix})
 
 
 def curves(
@@ -78,7 +88,7 @@ def curves(
     ax.grid(alpha=0.3)
     if len(series) > 1:
         ax.legend(fontsize=8)
-    return _save(fig, path, {"x": list(x), "series": {k: list(v) for k, v in series.items()}})
+    return save(fig, path, {"x": list(x), "series": {k: list(v) for k, v in series.items()}})
 
 
 def bars(
@@ -100,4 +110,4 @@ def bars(
         ax.set_yscale("log")
     ax.set(title=title, ylabel=ylabel)
     ax.grid(axis="y", alpha=0.3)
-    return _save(fig, path, {"labels": list(labels), "values": list(values)})
+    return save(fig, path, {"labels": list(labels), "values": list(values)})

@@ -1,0 +1,92 @@
+"""Streaming perplexity, presented once: the running-perplexity curve and figure, the summary
+sentence and the per-policy lines. ``sinklab stream`` and the report's stream section both call
+these, reading sizes from the result's own ``meta.params``."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+FIGURE = "running_ppl"
+
+
+def running_ppl(nll: list[float]) -> list[float]:
+    """exp of the running mean of the scored (non-NaN) per-target NLLs: the curve we plot."""
+    out, total, n = [], 0.0, 0
+    for x in nll:
+        if not math.isnan(x):
+            total, n = total + x, n + 1
+        out.append(math.exp(total / n) if n else math.nan)
+    return out
+
+
+def plot_running_ppl(data: dict[str, Any], folder: Path) -> Path:
+    """Running perplexity against tokens, every policy, log scale, the eviction point dashed;
+    ``folder/running_ppl.png`` + its numbers as JSON."""
+    from sinklab import figures
+
+    p = data["meta"]["params"]
+    model = (data["meta"].get("model") or {}).get("name", "model")
+    pols = data["policies"]
+    n = max(len(r["nll"]) for r in pols.values())
+    stride = max(1, n // 2000)  # at most ~2000 points per line
+    return figures.curves(
+        list(range(1, n + 1))[::stride],
+        {name: running_ppl(r["nll"])[::stride] for name, r in pols.items()},
+        Path(folder) / f"{FIGURE}.png",
+        title=f"Streaming perplexity ({model}, n_sink={p['n_sink']}, window={p['window']})",
+        xlabel="tokens streamed",
+        ylabel="running perplexity (log scale)",
+        logy=True,
+        vline=p["n_sink"] + p["window"],
+    )
+
+
+def _num(x: float) -> str:
+    return f"{x:.1f}" if abs(x) >= 10 else f"{x:.2f}"
+
+
+def stream_sentence(data: dict[str, Any]) -> str | None:
+    """Sink against window (and dense, and the oracle on its targets) in one sentence."""
+    pol = data["policies"]
+    ppl = {k: float(v["ppl"]) for k, v in pol.items()}
+    if "sink" not in ppl or "window" not in ppl:
+        return None
+    params = data["meta"]["params"]
+    n_sink, window, tokens = params["n_sink"], params["window"], params["n_tokens"]
+    ratio = ppl["window"] / ppl["sink"]
+    verdict = "worse" if ratio > 1.05 else "better" if ratio < 0.95 else "about the same"
+    out = (
+        f"Streaming: {tokens} tokens with {n_sink} sinks + a {window}-token window give "
+        f"perplexity {_num(ppl['sink'])}; the same memory without sinks (window only) gives "
+        f"{_num(ppl['window'])} ({ratio:.2f}x, {verdict})"
+    )
+    out += f", and the full dense cache {_num(ppl['dense'])}." if "dense" in ppl else "."
+    sub = data.get("on_recompute_targets")
+    if sub and "recompute" in sub["ppl"] and "sink" in sub["ppl"]:
+        out += (
+            f" On the {sub['n_scored']} targets the recompute oracle scored: sink "
+            f"{_num(sub['ppl']['sink'])} vs recompute {_num(sub['ppl']['recompute'])}."
+        )
+    return out
+
+
+def policy_lines(data: dict[str, Any]) -> list[str]:
+    """One line per policy (perplexity, speed, memory), then the oracle-target comparison."""
+    lines = []
+    for name, r in data["policies"].items():
+        most = r["max_cache_len"]
+        cache = "none (a fresh forward per target)" if most is None else most
+        lines.append(
+            f"{name:>9}: ppl {r['ppl']:8.2f}  {r['tokens_per_s']:6.1f} tok/s  "
+            f"peak RSS {r['peak_rss_mb']:7.0f} MB  max cache {cache}"
+        )
+    shared = data.get("on_recompute_targets")
+    if shared and len(shared.get("ppl", {})) > 1:
+        each = ", ".join(f"{k} {v:.2f}" for k, v in shared["ppl"].items())
+        lines.append(
+            f"on the {shared['n_scored']} targets the oracle scored "
+            f"(every {shared['recompute_every']}th): {each}"
+        )
+    return lines
