@@ -104,7 +104,7 @@ def test_temperature_is_softmax_of_scaled_scores(model, ids):
     ids=["mix", "temperature", "replace"],
 )
 def test_interventions_are_scoped(model, ids, handler):
-    from sinklab.geometry import capture_geometry
+    from sinklab.probe.geometry import capture_geometry
 
     before = _logits(model, ids)
     with intervene(model, handler), capture_geometry(model):

@@ -8,7 +8,7 @@ import torch
 
 from conftest import make_tiny_model
 from sinklab.errors import SinklabError
-from sinklab.geometry import (
+from sinklab.probe.geometry import (
     SITES,
     capture_geometry,
     first_token_cosine,
@@ -187,7 +187,7 @@ def test_smollm2_attention_input_equals_input_layernorm(smollm2):
 def test_unreachable_keys_are_null_with_a_reason(ids):
     from torch import nn
 
-    from sinklab.geometry import _key_source
+    from sinklab.probe.geometry import _key_source
 
     model = make_tiny_model("llama", n_layers=2)
     reason = _key_source(nn.Module(), model.config)

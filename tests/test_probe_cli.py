@@ -21,7 +21,7 @@ KEYS = {
     "first_token_norm_ratio",
     "sink_rate",
     "sink_positions",
-    "geometry",  # per layer at three sites (sinklab.geometry)
+    "geometry",  # per layer at three sites (sinklab.probe.geometry)
 }
 
 

@@ -26,7 +26,7 @@ def test_docs_table_is_the_declaration(tmp_path):
 
 def test_result_fields_and_json_keys_follow_the_declaration():
     declared = [f.name for f in fields(ProbeResult)]
-    # geometry: the per-site numbers of sinklab.geometry (docs/experiments.md), not a probe metric
+    # geometry: the per-site numbers of sinklab.probe.geometry (docs/experiments.md), not a metric
     assert declared == ["config", "n_tokens", *spec.names(), "meta", "geometry"]
     res = probe(make_tiny_model("llama"), torch.randint(3, 500, (24,)))
     assert list(res.to_json()) == ["meta", *spec.names(in_json=True), "geometry"]

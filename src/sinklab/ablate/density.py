@@ -5,8 +5,8 @@
 * ``replace``: ``(1 - lam) * identity + lam * uniform-causal``, the model's weights discarded.
 
 Each condition is one forward: perplexity, and the mean token similarity at the residual and
-attention-input sites of every layer (:mod:`sinklab.geometry`), plus the final hidden state. The
-finding applies the rule of docs/experiments.md to the entries after the modified layers.
+attention-input sites of every layer (:mod:`sinklab.probe.geometry`), plus the final hidden
+state. The finding applies the rule of docs/experiments.md to the entries after the modified layers.
 """
 
 from __future__ import annotations
@@ -18,13 +18,13 @@ from torch import Tensor, nn
 
 from sinklab.ablate.core import AblationConfig, ProgressCallback, model_shape
 from sinklab.ablate.perplexity import perplexity
-from sinklab.geometry import capture_geometry, middle_third, nan_mean
 from sinklab.interventions import (
     AttentionMix,
     AttentionReplace,
     AttentionTemperature,
     intervene,
 )
+from sinklab.probe.geometry import capture_geometry, middle_third, nan_mean
 
 PROTOCOLS = ("mix", "temperature", "replace")
 DENSITY_SITES = ("residual", "attention_input")

@@ -13,9 +13,9 @@ from torch import Tensor, nn
 from sinklab.ablate.core import AblationConfig, ProgressCallback, mean, model_shape, thirds
 from sinklab.ablate.perplexity import perplexity
 from sinklab.errors import SinklabError
-from sinklab.geometry import METRICS, SITES, middle_third
 from sinklab.interventions import MaskSink, first_token, intervene, jacobian_sensitivity
 from sinklab.probe import ProbeConfig, ProbeResult, probe
+from sinklab.probe.geometry import METRICS, SITES, middle_third
 from sinklab.probe.metrics import HEAD_KINDS
 from sinklab.probe.spec import eps_key
 

@@ -17,8 +17,8 @@ from torch import Tensor, nn
 
 from sinklab.arch import decoder_layers
 from sinklab.errors import SinklabError
-from sinklab.geometry import Geometry, capture_geometry
 from sinklab.probe.capture import HiddenCapture, ProbeCapture
+from sinklab.probe.geometry import Geometry, capture_geometry
 from sinklab.probe.spec import BY_NAME, names
 from sinklab.rotary import text_config
 from sinklab.seam import check_supported, sinklab_attention
@@ -83,7 +83,7 @@ class ProbeResult:
     sink_rate: dict[str, float]
     sink_positions: list[dict[str, float | int]]
     meta: dict[str, Any] = field(default_factory=dict)
-    # first-token cosine / token similarity per layer at three sites (sinklab.geometry)
+    # first-token cosine / token similarity per layer at three sites (sinklab.probe.geometry)
     geometry: Geometry | None = None
 
     @property

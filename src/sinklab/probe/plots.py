@@ -88,7 +88,7 @@ def probe_figures(data: dict[str, Any], folder: Path, lengths_only: bool = False
             "first-token cosine": data["first_token_cosine"],
             "token similarity": data["token_similarity"],
         }
-        for site in (data.get("geometry") or {}).get("sites", []):  # sinklab.geometry's sites
+        for site in (data.get("geometry") or {}).get("sites", []):  # sinklab.probe.geometry's sites
             ys = [e["first_token_cosine"][site] for e in data["geometry"]["layers"]]
             if None not in ys:
                 curves[f"first-token cosine, {site.replace('_', ' ')} (entering the layer)"] = ys

@@ -129,7 +129,8 @@ def length_sentence(data: dict[str, Any]) -> str | None:
 
 def geometry_sentences(data: dict[str, Any]) -> list[str]:
     """First-token cosine and token similarity per layer at each site of ``data["geometry"]``
-    (residual stream, attention input, keys: :mod:`sinklab.geometry`); '-' where not measured."""
+    (residual stream, attention input, keys: :mod:`sinklab.probe.geometry`); '-' where not
+    measured."""
     geo = data.get("geometry")
     out = []
     for metric, label in (("first_token_cosine", "First-token cosine"),

@@ -30,6 +30,7 @@ from torch.utils.hooks import RemovableHandle
 
 from sinklab.arch import decoder_layers
 from sinklab.errors import SinklabError
+from sinklab.probe import metrics as M
 from sinklab.rotary import text_config
 
 SITES = ("residual", "attention_input", "key")
@@ -38,25 +39,8 @@ FINAL_NORMS = ("norm", "ln_f", "final_layernorm", "final_norm")
 
 
 # --------------------------------------------------------------------------- pure functions
-def _unit(x: Tensor) -> Tensor:
-    x = x.double()
-    return x / torch.linalg.vector_norm(x, dim=-1, keepdim=True).clamp_min(1e-30)
-
-
-def _first_cos(x: Tensor) -> float:
-    """(T, d) -> mean over j >= 1 of cos(x_0, x_j)."""
-    u = _unit(x)
-    return float((u[1:] @ u[0]).mean()) if x.shape[0] > 1 else float("nan")
-
-
-def _pair_cos(x: Tensor) -> float:
-    """(T, d) -> mean cos(x_i, x_j) over i != j, i, j >= 1; O(T d) via ||sum u||^2 - n."""
-    u = _unit(x[1:])
-    n = u.shape[0]
-    if n < 2:
-        return float("nan")
-    s = u.sum(0)
-    return float((s @ s - (u * u).sum()) / (n * (n - 1)))
+_first_cos = M.first_token_cosine  # (T, d) -> float
+_pair_cos = M.token_similarity  # (T, d) -> float, tokens 1.. only
 
 
 def _groups(x: Tensor) -> Tensor:
