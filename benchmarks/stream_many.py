@@ -48,13 +48,15 @@ def child(
     logits = batch.feed(prompts, last_only=True)
     prompt_s = time.perf_counter() - t0
     nxt = {s: int(x[-1].argmax()) for s, x in logits.items()}
-    times = []
+    times, cpu = [], []
     for _ in range(steps):
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         logits = batch.feed({s: [t] for s, t in nxt.items()}, last_only=True)
         nxt = {s: int(x[-1].argmax()) for s, x in logits.items()}
         times.append(time.perf_counter() - t0)
-    return {"b": b, "step_s": times, "prompt_s": prompt_s, "kept": batch.cache.kept_length()}
+        cpu.append(time.process_time() - c0)
+    kept = batch.cache.kept_length()
+    return {"b": b, "step_s": times, "cpu_s": cpu, "prompt_s": prompt_s, "kept": kept}
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -98,14 +100,22 @@ def main(argv: list[str] | None = None) -> dict:
                 "tokens_per_s": round(b / step, 2),
                 "prompt_s_median": round(statistics.median(x["prompt_s"] for x in runs[b]), 2),
                 "kept": runs[b][0]["kept"],
+                "cpu_ms_per_step": round(
+                    1e3 * statistics.median(statistics.median(x["cpu_s"][2:]) for x in runs[b]), 2
+                ),
                 "round_medians_ms": [
                     round(1e3 * statistics.median(x["step_s"][2:]), 2) for x in runs[b]
                 ],
             }
         )
     base = next((r["tokens_per_s"] for r in rows if r["streams"] == 1), None)
+    base_cpu = next((r["cpu_ms_per_step"] for r in rows if r["streams"] == 1), None)
     for r in rows:
         r["speedup_vs_1"] = round(r["tokens_per_s"] / base, 2) if base else None
+        # tokens per CPU-second against B = 1: what the batching gains without the neighbours'
+        # time slices in the wall clock
+        if base_cpu:
+            r["cpu_speedup_vs_1"] = round(r["streams"] * base_cpu / r["cpu_ms_per_step"], 2)
     import torch
     import transformers
 

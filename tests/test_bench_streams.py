@@ -22,7 +22,7 @@ def test_stream_many_child_on_a_tiny_model(tiny_model_dir):
     bench = _load("stream_many")
     out = bench.child(3, steps=4, n_sink=2, window=10, threads=1, model=str(tiny_model_dir()))
     assert out["b"] == 3 and len(out["step_s"]) == 4 and out["kept"] == 12
-    assert all(s > 0 for s in out["step_s"])
+    assert all(s > 0 for s in out["step_s"]) and len(out["cpu_s"]) == 4
 
 
 def test_drift_rows_on_a_tiny_model(tiny_model_factory):
