@@ -2,8 +2,12 @@
 sink decode against plain ``DynamicCache`` at the same cache length, and the peers a user would
 pick instead (attention-sinks 0.4.0, kvpress 0.5.5), each in its own venv made here.
 
-Every measured run is a fresh process (``--worker SPEC``). Sizes are arguments (the issue's full
-protocol is ``--tokens 20000 --soak-tokens 100000``: hours on 2 cores). Prints one JSON object.
+Every policy runs through the library's own loop (``sinklab.streaming.run_policy``: the protocol,
+the oracle, the NLL and sink-auto's prefix rule are sinklab's, so these numbers cannot drift from
+``sinklab stream``), ``--method step`` (default: one token per forward, the ms/token a decoder
+sees) or ``chunked``. Every measured run is a fresh process (``--worker SPEC``). Sizes are
+arguments (the issue's full protocol is ``--tokens 20000 --soak-tokens 100000``: hours on 2 cores
+with step). Prints one JSON object.
 
     python benchmarks/stream_bench.py --tokens 2000 --rounds 3
 """
@@ -48,173 +52,143 @@ def summarize(nll: list[float], ms: list[float], rss: dict, n_tokens: int) -> di
     }
 
 
-def method_worker(spec: dict) -> dict:
-    """One policy by ``spec["method"]`` (step | chunked) through the library's own loop; the
-    per-token NLLs so far go to ``spec["progress"]`` every ``spec["every"]`` tokens (atomically)."""
-    import torch
-
-    from sinklab.cache import CacheConfig
-    from sinklab.chunked import chunked_nll
-    from sinklab.models import load_model
-    from sinklab.streaming import rss_mb, stream_nll
-
-    torch.set_num_threads(spec["threads"])
-    model = load_model(spec.get("model")).model
-    ids = torch.tensor(json.loads(Path(spec["ids"]).read_text()))
-    cfg = CacheConfig(spec["policy"], spec["n_sink"], spec["window"])
-    nll = torch.full((ids.numel() - 1,), math.nan, dtype=torch.float64)
-    start, every, last = time.perf_counter(), spec.get("every", 500), [0]
-
-    def tick(done: int, n: int, ppl: float) -> None:
-        if spec.get("progress") and (done - last[0] >= every or done == n):
-            last[0] = done
-            tmp = Path(spec["progress"] + ".tmp")
-            seconds = time.perf_counter() - start
-            tmp.write_text(
-                json.dumps(
-                    {
-                        "done": done,
-                        "seconds": seconds,
-                        "nll": nll[:done].tolist(),
-                        "loadavg_1m": os.getloadavg()[0],
-                    }
-                )
-            )
-            tmp.replace(spec["progress"])
-
-    if spec["method"] == "step":
-        _, most, peak = stream_nll(model, ids, cfg, tick, out=nll)
-    else:
-        got, most, peak = chunked_nll(model, ids, cfg, spec.get("chunk", 256), None, rss_mb)
-        nll[:] = got
-        tick(nll.numel(), nll.numel(), 0.0)
-    seconds = time.perf_counter() - start
-    save_nll(spec, list(range(1, nll.numel() + 1)), nll.tolist())
-    return {
-        "method": spec["method"],
-        "policy": spec["policy"],
-        "ppl": math.exp(float(nll.mean())),
-        "n_scored": nll.numel(),
-        "seconds": round(seconds, 1),
-        "ms_per_token": round(1e3 * seconds / nll.numel(), 2),
-        "max_cache_len": most,
-        "peak_rss_mb": {
-            "sampled": round(peak, 1),
-            "ru_maxrss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
-        },
-        "loadavg_1m_end": os.getloadavg()[0],
-    }
-
-
-def worker(spec: dict) -> dict:
-    if spec.get("kind") == "method":
-        return method_worker(spec)
+def decode_worker(spec: dict, model, ids) -> dict:
+    """ms/token at a fixed cache length: sink vs transformers' DynamicCache (one token a step)."""
     import torch
     from transformers import DynamicCache
 
-    from sinklab.cache import CacheConfig, SinkCache, kept_positions
+    from sinklab.cache import CacheConfig, SinkCache
+
+    n_sink, window, ms = spec["n_sink"], spec["window"], []
+    steps, length = spec["steps"], n_sink + window
+    with torch.inference_mode():
+        if spec["cache"] == "sink":
+            cache = SinkCache(model, CacheConfig("sink", n_sink, window))
+            model(ids[:length].view(1, -1), cache=cache)  # prefill: the cache is full
+            start = length  # every decode step now evicts one position
+        else:
+            cache = DynamicCache()
+            start = length - steps // 2  # the decode steps straddle `length`
+            model(ids[:start].view(1, -1), cache=cache)
+        for t in range(start, start + steps + 8):
+            t0 = time.perf_counter()
+            model(ids[t : t + 1].view(1, 1), cache=cache)
+            ms.append((time.perf_counter() - t0) * 1e3)
+    ms = ms[8:]  # warm-up
+    return {
+        "ms_per_token": round(statistics.median(ms), 2),
+        "steps": steps,
+        "cache_len": length,
+        "cache": spec["cache"],
+    }
+
+
+def _dynamic_cache_loop(model, ids, out, tick) -> int:
+    """The peer baseline: transformers' own DynamicCache, one token per forward, scored with
+    the library's NLL. -> the cache length at the end."""
+    import torch
+    from transformers import DynamicCache
+
+    from sinklab.streaming import _target_nll
+
+    cache, n = DynamicCache(), ids.numel() - 1
+    with torch.inference_mode():
+        for t in range(n):
+            logits = model(ids[t : t + 1].view(1, 1), cache=cache).logits[0, -1]
+            out[t] = _target_nll(logits, int(ids[t + 1]))
+            tick(t + 1, n, 0.0)
+    return int(cache.layers[0].keys.shape[-2])
+
+
+def worker(spec: dict) -> dict:
+    """One measurement. ``kind`` decode: :func:`decode_worker`; stream: one policy through the
+    library's own loop (:func:`sinklab.streaming.run_policy`: protocol, oracle, NLL, sink-auto's
+    prefix rule), ``method`` step (default) or chunked, timed between its progress callbacks."""
+    import torch
+
     from sinklab.models import load_model
-    from sinklab.streaming import choose_sinks, rss_mb
+    from sinklab.streaming import StreamConfig, rss_mb, run_policy
 
     torch.set_num_threads(spec["threads"])
     model = load_model(spec.get("model")).model
     ids = torch.tensor(json.loads(Path(spec["ids"]).read_text()))
-    n_sink, window, kind = spec["n_sink"], spec["window"], spec["kind"]
+    if spec["kind"] == "decode":
+        return decode_worker(spec, model, ids)
     rss = lambda: resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # noqa: E731
-    nll: list[float] = []
-    ms: list[float] = []
+    policy, n = spec["policy"], ids.numel() - 1
+    method = spec.get("method", "step")
+    every = spec.get("recompute_every", 1) if policy == "recompute" else 1
+    buf = torch.full((n,), math.nan, dtype=torch.float64)
+    ms: list[float] = []  # per token (recompute: per scored target)
     marks: dict[str, float] = {}
-    curve: list[tuple[int, float]] = []
-    with torch.inference_mode():
-        if kind == "decode":  # ms/token at a fixed cache length: sink vs DynamicCache
-            steps, length = spec["steps"], n_sink + window
-            if spec["cache"] == "sink":
-                cache = SinkCache(model, CacheConfig("sink", n_sink, window))
-                model(ids[:length].view(1, -1), cache=cache)  # prefill: the cache is full
-                start = length  # every decode step now evicts one position
-            else:
-                cache = DynamicCache()
-                start = length - steps // 2  # the decode steps straddle `length`
-                model(ids[:start].view(1, -1), cache=cache)
-            for t in range(start, start + steps + 8):
-                t0 = time.perf_counter()
-                model(ids[t : t + 1].view(1, 1), cache=cache)
-                ms.append((time.perf_counter() - t0) * 1e3)
-            ms = ms[8:]  # warm-up
-            return {
-                "ms_per_token": round(statistics.median(ms), 2),
-                "steps": steps,
-                "cache_len": length,
-                "cache": spec["cache"],
-            }
-        policy = spec["policy"]
-        n = ids.numel() - 1
-        every = spec.get("recompute_every", 1) if policy == "recompute" else 1
-        if policy == "recompute":
-            for t in range(0, n, every):
-                ctx = [*kept_positions(t, tuple(range(n_sink)), window), t]
-                t0 = time.perf_counter()
-                out = model(ids[ctx].view(1, -1), use_cache=False, logits_to_keep=1)
-                ms.append((time.perf_counter() - t0) * 1e3)
-                lg = out.logits[0, -1].float()
-                nll.append(float(torch.logsumexp(lg, -1) - lg[ids[t + 1]]))
-            res = summarize(nll, ms, {"end": rss()}, n)
-            res["ms_per_token_at_1k"] = _median_ms(ms, 900 // every, 1100 // every + 1)
-            res["recompute_every"] = every
-            save_nll(spec, [t + 1 for t in range(0, n, every)], nll)
-            return res
-        if policy == "dynamic-cache":
-            cache = DynamicCache()
-        else:
-            sinks = None
-            if policy == "sink-auto":
-                sinks = choose_sinks(model, ids[: min(256, n_sink + window)], n_sink)
-                marks["sink_positions"] = list(sinks)
-            cache = SinkCache(model, CacheConfig(policy, n_sink, window, sinks))
-        checkpoints: list[dict] = []
-        block = spec.get("block", 1000)  # tests use a shorter block
-        blocks: list[tuple] = []  # (tokens, median ms, load, PPL) of each block of tokens
-        marks_at = set(spec.get("checkpoints", []))
-        for t in range(n):
-            t0 = time.perf_counter()
-            out = model(ids[t : t + 1].view(1, 1), cache=cache)
-            ms.append((time.perf_counter() - t0) * 1e3)
-            lg = out.logits[0, -1].float()
-            nll.append(float(torch.logsumexp(lg, -1) - lg[ids[t + 1]]))
-            if t + 1 == 2000:
+    curve: list[tuple] = []
+    checkpoints: list[dict] = []
+    block = spec.get("block", 1000)  # tests use a shorter block
+    blocks: list[tuple] = []  # (tokens, median ms, load, PPL) of each block of tokens
+    marks_at = set(spec.get("checkpoints", []))
+    last = {"done": 0, "at": time.perf_counter()}
+
+    def tick(done: int, total: int, ppl: float) -> None:
+        now = time.perf_counter()
+        units = len(range(last["done"], done, every)) if every > 1 else done - last["done"]
+        ms.extend([(now - last["at"]) * 1e3 / max(1, units)] * units)
+        crossed = range(last["done"] + 1, done + 1)
+        last.update(done=done, at=now)
+        nll = buf[:done].tolist()
+        for t in crossed if policy != "recompute" else ():
+            if t == 2000:
                 marks["2000"] = rss()
-            if spec.get("curve_every") and (t + 1) % spec["curve_every"] == 0:
-                curve.append((t + 1, round(rss(), 1), round(rss_mb(), 1)))
-            if t + 1 in marks_at:  # figures over the first t+1 tokens, as if the run ended here
+            if spec.get("curve_every") and t % spec["curve_every"] == 0:
+                curve.append((t, round(rss(), 1), round(rss_mb(), 1)))
+            if t in marks_at:  # figures over the first t tokens, as if the run ended here
                 checkpoints.append(
-                    {"tokens": t + 1, **summarize(nll, ms, {"now": rss()}, t + 1)}
+                    {"tokens": t, **summarize(nll[:t], ms[:t], {"now": rss()}, t)}
                     | {"loadavg_1m": os.getloadavg()[0]}
                 )
-            if (t + 1) % block == 0:  # a timeline, to set beside runs made at the same time
-                seg = math.exp(statistics.fmean(x for x in nll[-block:] if x == x))
-                blocks.append(
-                    (t + 1, round(statistics.median(ms[-block:]), 2), os.getloadavg()[0], seg)
-                )
-            if spec.get("progress") and (t + 1 in marks_at or (t + 1) % block == 0):
-                write_progress(spec["progress"], t + 1, nll, ms, curve, checkpoints, blocks)
-        save_nll(spec, list(range(1, n + 1)), nll)
-        res = summarize(
-            nll, ms, {**{k: v for k, v in marks.items() if k == "2000"}, "end": rss()}, n
-        )
-        res["max_cache_len"] = (
-            int(cache.layers[0].keys.shape[-2])
-            if policy == "dynamic-cache"
-            else cache.kept_length()
-        )
-        if "sink_positions" in marks:
-            res["sink_positions"] = marks["sink_positions"]
-        if curve:
-            res["rss_curve"] = curve
-        if checkpoints:
-            res["checkpoints"] = checkpoints
-        if blocks:
-            res["ms_per_1000"] = blocks
+            if t % block == 0:  # a timeline, to set beside runs made at the same time
+                seg = math.exp(statistics.fmean(x for x in nll[t - block : t] if x == x))
+                blocks.append((t, round(statistics.median(ms[t - block : t]), 2),
+                               os.getloadavg()[0], seg))  # fmt: skip
+        if spec.get("progress") and any(t in marks_at or t % block == 0 for t in crossed):
+            write_progress(spec["progress"], done, nll, ms, curve, checkpoints, blocks)
+
+    config = StreamConfig(
+        (policy if policy != "dynamic-cache" else "dense",),
+        spec["n_sink"],
+        spec["window"],
+        max(2, ids.numel()),
+        recompute_every=every,
+        probe_tokens=spec.get("probe_tokens", 256),
+        method=method,
+        chunk=spec.get("chunk", 256),
+    )
+    t_start = time.perf_counter()
+    if policy == "dynamic-cache":
+        most, sinks = _dynamic_cache_loop(model, ids, buf, tick), None
+    else:
+        with torch.inference_mode():
+            _, most, _, sinks = run_policy(model, ids, config, policy, tick, buf, period=1)
+    seconds = time.perf_counter() - t_start
+    nll = buf.tolist()
+    if policy == "recompute":
+        scored = [t for t in range(n) if nll[t] == nll[t]]
+        save_nll(spec, [t + 1 for t in scored], [nll[t] for t in scored])
+        res = summarize(nll, ms, {"end": rss()}, n)
+        res["ms_per_token_at_1k"] = _median_ms(ms, 900 // every, 1100 // every + 1)
+        res.update(recompute_every=every, method=method, seconds=round(seconds, 1))
         return res
+    save_nll(spec, list(range(1, n + 1)), nll)
+    res = summarize(nll, ms, {**{k: v for k, v in marks.items() if k == "2000"}, "end": rss()}, n)
+    res.update(max_cache_len=most, method=method, seconds=round(seconds, 1))
+    if sinks is not None:
+        res["sink_positions"] = list(sinks)
+    if curve:
+        res["rss_curve"] = curve
+    if checkpoints:
+        res["checkpoints"] = checkpoints
+    if blocks:
+        res["ms_per_1000"] = blocks
+    return res
 
 
 def save_nll(spec: dict, targets: list[int], nll: list[float]) -> None:
@@ -393,6 +367,10 @@ def main() -> None:
     ap.add_argument("--n-sink", type=int, default=4)
     ap.add_argument("--window", type=int, default=508)
     ap.add_argument("--recompute-every", type=int, default=20)
+    ap.add_argument(
+        "--method", choices=("step", "chunked"), default="step",
+        help="the library loop each policy runs through (chunked: same NLLs, ~20x faster)",
+    )  # fmt: skip
     ap.add_argument("--rounds", type=int, default=3, help="decode pairs, alternating A B")
     ap.add_argument("--decode-steps", type=int, default=64)
     ap.add_argument("--peers", default="attention-sinks,kvpress", help="'' to skip")
@@ -451,6 +429,7 @@ def main() -> None:
         spec = base | {
             "kind": "stream",
             "policy": policy,
+            "method": args.method,
             "ids": str(files[args.tokens]),
             "recompute_every": args.recompute_every,
             "checkpoints": marks,

@@ -97,3 +97,19 @@ def test_decode_worker_reports_ms_per_token(bench, tmp_path, tiny_model_dir):
             _spec(tmp_path, tiny_model_dir("llama"), kind="decode", cache=cache, steps=8)
         )
         assert res["ms_per_token"] > 0 and res["cache_len"] == 12
+
+
+@pytest.mark.parametrize("policy", ["sink", "recompute"])
+def test_stream_worker_methods_agree(bench, tmp_path, tiny_model_dir, policy):
+    """The worker drives the library's loops: chunked and step give the same per-target NLLs."""
+    got = {}
+    for method in ("step", "chunked"):
+        nll_file = tmp_path / f"nll-{method}.json"
+        spec = _spec(tmp_path, tiny_model_dir("llama"), kind="stream", policy=policy,
+                     method=method, recompute_every=4, nll_file=str(nll_file))  # fmt: skip
+        res = bench.worker(spec)
+        assert res["method"] == method
+        got[method] = json.loads(nll_file.read_text())
+    assert got["step"]["targets"] == got["chunked"]["targets"]
+    for a, b in zip(got["step"]["nll"], got["chunked"]["nll"], strict=True):
+        assert abs(a - b) <= 2e-4

@@ -261,9 +261,11 @@ def chunked_nll(
     chunk: int = DEFAULT_CHUNK,
     callback: Callable[[int, int, float], None] | None = None,
     rss: Callable[[], float] | None = None,
+    out: Tensor | None = None,
 ) -> tuple[Tensor, int, float]:
     """The step loop's result, ``chunk`` queries per forward: ``ids`` (T,) -> (nll (T-1,), most
-    positions cached, peak sampled RSS MiB). Refuses what :class:`SinkCache` refuses.
+    positions cached, peak sampled RSS MiB). Refuses what :class:`SinkCache` refuses. ``out``
+    (T-1,) float64, if given, is filled chunk by chunk (``callback`` after each).
 
     Positions: the step loop's (:meth:`SinkCache.prepare`): below ``max_position`` (the model's
     ``max_position_embeddings``) for every bounded policy; before the token that would reach it,
@@ -276,7 +278,7 @@ def chunked_nll(
     dev = next(model.parameters()).device
     ids = ids.reshape(-1)
     n = ids.numel() - 1
-    nll = torch.empty(n, dtype=torch.float64)
+    nll = torch.empty(n, dtype=torch.float64) if out is None else out
     sample = rss or (lambda: 0.0)
     bound = cache.max_position if cache.capacity is not None else None
     peak, total, p0, base, t0 = sample(), 0.0, 0, 0, 0

@@ -31,6 +31,12 @@ def _nll_rows(logits: Tensor, targets: Tensor) -> Tensor:
     return (torch.logsumexp(lg, -1) - lg.gather(-1, targets[:, None])[:, 0]).double().cpu()
 
 
+def _buffer(n: int, out: Tensor | None) -> Tensor:
+    """The (n,) float64 NLL buffer, NaN = not scored (the caller's ``out`` when given)."""
+    nll = torch.empty(n, dtype=torch.float64) if out is None else out
+    return nll.fill_(math.nan)
+
+
 def _context(t: int, n_sink: int, window: int) -> list[int]:
     return [*kept_positions(t, tuple(range(n_sink)), window), t]
 
@@ -44,11 +50,15 @@ def recompute_nll(
     every: int = 1,
     callback: Tick | None = None,
     rss: Callable[[], float] | None = None,
+    out: Tensor | None = None,
+    period: int | None = None,
 ) -> tuple[Tensor, int, float]:
     """One forward per target ``t + 1`` (``t % every == 0``) over the tokens the sink cache keeps
-    before ``t`` plus ``t``. -> (nll (T-1,) NaN where unscored, longest context, peak RSS MiB)."""
+    before ``t`` plus ``t``. -> (nll (T-1,) NaN where unscored, longest context, peak RSS MiB).
+    ``out`` (T-1,) float64 is filled as it goes; ``callback`` every ``period`` targets."""
     dev, n = next(model.parameters()).device, ids.numel() - 1
-    nll = torch.full((n,), math.nan, dtype=torch.float64)
+    nll = _buffer(n, out)
+    period = period or max(1, _EVERY // every)
     sample = rss or (lambda: 0.0)
     targets = range(0, n, every)
     total, longest, peak = 0.0, 0, sample()
@@ -58,7 +68,7 @@ def recompute_nll(
         nll[t] = _nll_rows(out.logits[0, -1:], ids[t + 1 : t + 2].to(dev))[0]
         total += float(nll[t])
         longest = max(longest, len(ctx))
-        if (i + 1) % max(1, _EVERY // every) == 0 or i + 1 == len(targets):
+        if (i + 1) % period == 0 or i + 1 == len(targets):
             peak = max(peak, sample())
             if callback is not None:
                 callback(t + 1, n, math.exp(total / (i + 1)))
@@ -75,12 +85,13 @@ def recompute_nll_batched(
     batch: int = 16,
     callback: Tick | None = None,
     rss: Callable[[], float] | None = None,
+    out: Tensor | None = None,
 ) -> tuple[Tensor, int, float]:
     """:func:`recompute_nll`'s result, ``batch`` targets' windows per forward."""
     if batch < 1:
         raise SinklabError(f"oracle batch must be a positive integer, got {batch}")
     dev, n = next(model.parameters()).device, ids.numel() - 1
-    nll = torch.full((n,), math.nan, dtype=torch.float64)
+    nll = _buffer(n, out)
     sample = rss or (lambda: 0.0)
     cap = n_sink + window
     targets = list(range(0, n, every))

@@ -174,10 +174,11 @@ def stream_nll(
     cache_config: CacheConfig,
     callback: Callable[[int, int, float], None] | None = None,
     out: Tensor | None = None,
+    period: int = _EVERY,
 ) -> tuple[Tensor, int, float]:
     """Token by token through a :class:`SinkCache`: ``ids`` (T,) -> (nll (T-1,), most positions
     cached, peak sampled RSS MiB). ``out`` (T-1,) float64, if given, is filled as it goes (a
-    caller's callback can read the NLLs so far)."""
+    caller's callback, called every ``period`` tokens, can read the NLLs so far)."""
     cache = SinkCache(model, cache_config)
     dev, n = _device(model), ids.numel() - 1
     nll = torch.empty(n, dtype=torch.float64) if out is None else out
@@ -187,7 +188,7 @@ def stream_nll(
         nll[t] = _target_nll(res.logits[0, -1], int(ids[t + 1]))
         total += float(nll[t])
         most = max(most, cache.kept_length())
-        if (t + 1) % _EVERY == 0 or t + 1 == n:
+        if (t + 1) % period == 0 or t + 1 == n:
             peak = max(peak, rss_mb())
             if callback is not None:
                 callback(t + 1, n, math.exp(total / (t + 1)))
@@ -208,6 +209,39 @@ def choose_sinks(model: Any, prefix: Tensor, n_sink: int) -> tuple[int, ...]:
     return tuple(sorted(found + fill))
 
 
+def run_policy(
+    model: Any,
+    ids: Tensor,
+    config: StreamConfig,
+    policy: str,
+    callback: Callable[[int, int, float], None] | None = None,
+    out: Tensor | None = None,
+    period: int = _EVERY,
+) -> tuple[Tensor, int | None, float, tuple[int, ...] | None]:
+    """One policy on ``ids`` (T,) by ``config.method`` -> (nll (T-1,) NaN where unscored, most
+    positions cached (None: recompute has no cache), peak sampled RSS MiB, sink-auto's sinks).
+    ``callback(done, total, running_ppl)``; ``out`` (T-1,) float64 is filled as the loop goes;
+    ``period``: tokens (targets) between callbacks of the one-per-forward loops."""
+    chunked = config.method == "chunked"
+    if policy == "recompute":
+        args = (model, ids, config.n_sink, config.window, config.recompute_every)
+        if chunked:
+            nll, _, peak = recompute_nll_batched(*args, config.oracle_batch, callback, rss_mb, out)
+        else:
+            nll, _, peak = recompute_nll(*args, callback, rss_mb, out, period)
+        return nll, None, peak, None
+    sinks = None
+    if policy == "sink-auto":
+        n_probe = min(config.probe_tokens, config.n_sink + config.window, ids.numel())
+        sinks = choose_sinks(model, ids[:n_probe], config.n_sink)
+    cache_config = config.cache_config(policy, sinks)
+    if chunked:
+        nll, most, peak = chunked_nll(model, ids, cache_config, config.chunk, callback, rss_mb, out)
+    else:
+        nll, most, peak = stream_nll(model, ids, cache_config, callback, out, period)
+    return nll, most, peak, sinks
+
+
 def streaming_perplexity(
     model: Any,
     ids: Tensor,
@@ -225,25 +259,8 @@ def streaming_perplexity(
     results: dict[str, PolicyResult] = {}
     for policy in config.policies:
         tick = None if callback is None else (lambda d, n, p, _p=policy: callback(_p, d, n, p))
-        sinks: tuple[int, ...] | None = None
         t0 = time.perf_counter()
-        chunked = config.method == "chunked"
-        if policy == "recompute":
-            args = (model, ids, config.n_sink, config.window, config.recompute_every)
-            if chunked:
-                nll, _, peak = recompute_nll_batched(*args, config.oracle_batch, tick, rss_mb)
-            else:
-                nll, _, peak = recompute_nll(*args, tick, rss_mb)
-            most = None
-        else:
-            if policy == "sink-auto":
-                n_probe = min(config.probe_tokens, config.n_sink + config.window, ids.numel())
-                sinks = choose_sinks(model, ids[:n_probe], config.n_sink)
-            cache_config = config.cache_config(policy, sinks)
-            if chunked:
-                nll, most, peak = chunked_nll(model, ids, cache_config, config.chunk, tick, rss_mb)
-            else:
-                nll, most, peak = stream_nll(model, ids, cache_config, tick)
+        nll, most, peak, sinks = run_policy(model, ids, config, policy, tick)
         seconds = time.perf_counter() - t0
         scored = int((~nll.isnan()).sum())
         results[policy] = PolicyResult(

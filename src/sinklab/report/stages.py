@@ -43,10 +43,10 @@ class ReportConfig:
     probe_lengths: tuple[int, ...] = (128, 512, 1024, 2048)  # the length trend
     q0: int = 16  # first query counted in sink mass (docs/metrics.md#q0-eps)
     eps: float = 0.3  # sink-head threshold
-    stream_tokens: int = 1500  # streaming perplexity length (eviction starts at n_sink + window)
+    stream_tokens: int = 20000  # streaming perplexity length (eviction starts at n_sink + window)
     n_sink: int = 4
-    window: int = 252  # recent tokens kept by the window and sink policies
-    recompute_every: int = 25  # the recompute oracle scores every K-th position
+    window: int = 508  # recent tokens kept by the window and sink policies
+    recompute_every: int = 500  # the recompute oracle scores every K-th position
     ablate_tokens: int = 256  # length of the ablation experiments' input
     sensitivity_grid: int = 6  # (t, i) grid side for the Jacobian experiment
     seed: int = 0
@@ -85,9 +85,9 @@ class ReportConfig:
                 quick=True,
                 probe_tokens=512,
                 probe_lengths=(128, 256, 512),
-                stream_tokens=480,
-                window=60,
-                recompute_every=20,
+                stream_tokens=4000,
+                window=252,
+                recompute_every=200,
                 ablate_tokens=128,
                 sensitivity_grid=4,
             )
