@@ -106,16 +106,17 @@ def test_tokens_beyond_text_and_positions(capsys, tmp_path: Path, tiny_model_dir
 
 
 def test_uncapturable_model_says_which(capsys, tmp_path: Path, tiny_tokenizer):
-    from transformers import BioGptConfig, BioGptForCausalLM
+    # Falcon computes attention in its own forward, not through AttentionInterface (BioGPT,
+    # used here before, does dispatch through it: sinklab.arch.dispatches_attention)
+    from transformers import FalconConfig, FalconForCausalLM
 
-    cfg = BioGptConfig(
+    cfg = FalconConfig(
         vocab_size=512,
         hidden_size=16,
         num_hidden_layers=1,
         num_attention_heads=2,
-        intermediate_size=32,
     )
-    BioGptForCausalLM(cfg).save_pretrained(tmp_path)
+    FalconForCausalLM(cfg).save_pretrained(tmp_path)
     tiny_tokenizer.save_pretrained(tmp_path)
     proc = cli(capsys, "--model", str(tmp_path), "--tokens", "16", "--out", str(tmp_path / "o"))
-    assert_one_line_error(proc, "BioGptForCausalLM does not dispatch attention")
+    assert_one_line_error(proc, "FalconForCausalLM does not dispatch attention")

@@ -16,6 +16,8 @@ from typing import Any
 
 from torch import nn
 
+from sinklab.errors import SinklabError
+
 #: implementations sinklab loads a model with, best first
 SDPA, SINKLAB, EAGER = "sdpa", "sinklab", "eager"
 
@@ -53,10 +55,7 @@ def attn_implementation(model_class: type) -> str:
     if getattr(model_class, "_supports_sdpa", False):
         return SDPA
     if dispatches_attention(model_class):
-        from sinklab.seam import register
-
-        register()
-        return SINKLAB
+        return SINKLAB  # the loader registers it (sinklab.seam.register) before loading
     return EAGER
 
 
@@ -116,3 +115,25 @@ def decoder_layers(model: nn.Module, n_layers: int) -> list[nn.Module] | None:
         if idx == list(range(n_layers)):
             return list(mod)
     return None
+
+
+def check_windows(kinds: list[LayerKind], cache_config: Any) -> None:
+    """Refuse a sink cache the model's own sliding window would cut.
+
+    When every layer slides (a ``sliding_window`` and no global layer: Mistral v0.1, Phi-3,
+    Starcoder2), the sink cache holds ``n_sink + window`` keys at cache-relative positions and
+    the model's window applies to those positions; with ``n_sink + window + 1`` above the
+    window it would hide the sinks themselves, so that is refused. Hybrid models (some global
+    layers) keep the model's window on their sliding layers and need no check."""
+    capacity = getattr(cache_config, "capacity", None)
+    windows = [k.window for k in kinds]
+    if capacity is None or not windows or any(w is None for w in windows):
+        return
+    smallest = min(w for w in windows if w is not None)
+    if capacity + 1 > smallest:
+        n_sink = int(getattr(cache_config, "n_sink", 0))
+        raise SinklabError(
+            f"n_sink + window + 1 = {capacity + 1} exceeds the model's own sliding window of "
+            f"{smallest} tokens, which would hide the sinks; use --window at most "
+            f"{smallest - 1 - n_sink}"
+        )

@@ -53,8 +53,9 @@ from typing import Any
 
 import torch
 from torch import Tensor
-from transformers.cache_utils import Cache
+from transformers.cache_utils import Cache, CacheLayerMixin, DynamicSlidingWindowLayer
 
+from sinklab.arch import check_windows, layer_kinds
 from sinklab.cache_layer import SinkLayer, Step
 from sinklab.cache_plan import Plan, Row, check_positions, plan_chunk, plan_ring, ring_slots
 from sinklab.errors import SinklabError
@@ -87,8 +88,12 @@ class SinkCache(Cache):
         self, model: Any, config: CacheConfig | None = None, max_position: int | None = None
     ) -> None:
         self.config = config or CacheConfig()
-        self.rope = rope_of(model)
         text_cfg = text_config(model)
+        kinds = layer_kinds(text_cfg)  # sinklab.arch: RoPE / NoPE, the model's own windows
+        check_windows(kinds, self.config)
+        self.rope = None if self.config.capacity is None else rope_of(model)  # dense moves none
+        self.hybrid = self.config.capacity is not None and len({k.window for k in kinds}) > 1
+        self.sliding_rope = rope_of(model, "sliding_attention") if self.hybrid else None
         max_pos = max_position or getattr(text_cfg, "max_position_embeddings", None)
         cap = self.config.capacity
         if cap is not None and max_pos and cap >= max_pos:
@@ -103,8 +108,15 @@ class SinkCache(Cache):
         self._eager = getattr(text_cfg, "_attn_implementation", None) == "eager"
         weight = next(model.parameters())
         self._device, self._dtype = weight.device, weight.dtype
-        super().__init__(layers=[SinkLayer(self) for _ in range(text_cfg.num_hidden_layers)])
+        super().__init__(layers=[self._layer(k) for k in kinds])
         self._reset_state()
+
+    def _layer(self, kind: Any) -> CacheLayerMixin:
+        """Hybrid models: a sliding layer keeps exactly the model's own window (transformers'
+        layer, keys never moved); every other layer keeps sinks + window."""
+        if self.hybrid and kind.window is not None:
+            return DynamicSlidingWindowLayer(kind.window)
+        return SinkLayer(self, kind.rotary)
 
     # -------------------------------------------------------------------- public read-outs
     def get_seq_length(self, layer_idx: int = 0) -> int:
@@ -113,7 +125,10 @@ class SinkCache(Cache):
 
     def get_mask_sizes(self, query_length: int, layer_idx: int = 0) -> tuple[int, int]:
         """(kv_length, kv_offset) of the next forward: kv index ``i`` is column
-        ``kv_offset + i``, so a left-padded 2D mask lands on each row's invalid (prefix) slots."""
+        ``kv_offset + i``, so a left-padded 2D mask lands on each row's invalid (prefix) slots.
+        A hybrid model's sliding layer answers for itself."""
+        if isinstance(layer := self.layers[layer_idx], DynamicSlidingWindowLayer):
+            return layer.get_mask_sizes(query_length)
         if self._prepared is not None:
             n = self._prepared.kv_len
         elif self.capacity is None:
@@ -154,6 +169,8 @@ class SinkCache(Cache):
         """Kept keys and values of a layer and row in stream order, keys rotated to their
         cache-relative positions 0..kept-1: (1, H_kv, kept, D) each. For inspection, O(kept)."""
         layer, r = self.layers[layer_idx], self.rows[row]
+        if isinstance(layer, DynamicSlidingWindowLayer):
+            return layer.keys[row : row + 1], layer.values[row : row + 1]
         if self.capacity is None:
             cols = [c for c, v in enumerate(r.dense_valid) if v]
             return layer.keys[row : row + 1, :, cols], layer.values[row : row + 1, :, cols]
@@ -162,6 +179,8 @@ class SinkCache(Cache):
         rot = {r.sink_slot[i]: r.sink_rot[i] for i in r.sink_slot}
         current = torch.tensor([rot.get(s, p) - r.base for p, s in order])
         keys = layer.keys[row : row + 1].index_select(-2, slots)
+        if not layer.rotary:  # NoPE: keys carry no position
+            return keys, layer.values[row : row + 1].index_select(-2, slots)
         delta = torch.arange(len(order)) - current
         return self.rope.shift(keys, delta), layer.values[row : row + 1].index_select(-2, slots)
 
@@ -207,6 +226,7 @@ class SinkCache(Cache):
         """Append ``n`` empty streams (batch rows) to read from the next step on."""
         if n < 1:
             raise SinklabError(f"add_streams takes a positive count, got {n}")
+        self._one_stream_only()
         self.rows += [Row(slot_pos=[-1] * self.n_used, dense_valid=[False] * self.seen)]
         self._padded = self._padded or self.seen > 0
         self.rows += [self.rows[-1].copy() for _ in range(n - 1)]
@@ -270,6 +290,8 @@ class SinkCache(Cache):
                 self.rows = [Row() for _ in range(b)]
             if b != len(self.rows):
                 raise SinklabError(f"this SinkCache holds {len(self.rows)} streams, given {b}")
+            if b > 1:
+                self._one_stream_only()
             if position_ids is None:
                 last = [self.seen + q - 1] * b
             else:
@@ -315,10 +337,25 @@ class SinkCache(Cache):
             return
         delta = torch.full((len(slots),), -shift, dtype=torch.long)
         for layer in self.layers:
+            if isinstance(layer, DynamicSlidingWindowLayer):  # the model's window, moved along
+                if layer.is_initialized and self.sliding_rope is not None:
+                    n_kv = layer.keys.shape[-2]
+                    back = torch.full((n_kv,), -shift, dtype=torch.long)
+                    layer.keys[b] = self.sliding_rope.shift(layer.keys[b], back)
+                continue
+            if not layer.rotary:  # NoPE: nothing to move
+                continue
             idx = torch.tensor(slots, device=layer.device)
             keys = layer.keys[b].index_select(-2, idx)  # (H_kv, kept, D)
             layer.keys[b, :, idx] = self.rope.shift(keys, delta)
         row.base += shift
+
+    def _one_stream_only(self) -> None:
+        if self.hybrid:
+            raise SinklabError(
+                "this model mixes sliding-window and global layers; its SinkCache streams one "
+                "row at a time (the sliding layers keep the model's own cache, shared by rows)"
+            )
 
     def _mask(self, plan: Plan) -> Tensor:
         """(B, 1, q, kv) mask of a planned forward: valid kept keys, then the new columns causal

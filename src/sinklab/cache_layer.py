@@ -73,9 +73,10 @@ class SinkLayer(CacheLayerMixin):
     is_croppable = False
     is_compileable = False
 
-    def __init__(self, owner: SinkCache) -> None:
+    def __init__(self, owner: SinkCache, rotary: bool = True) -> None:
         super().__init__()
         self.owner = owner
+        self.rotary = rotary  # False: a NoPE layer (SmolLM3), whose keys are never re-rotated
         self.sink_keys: Tensor | None = None
         self.sink_half: Tensor | None = None  # rotate_half(sink_keys), precomputed
 
@@ -103,7 +104,8 @@ class SinkLayer(CacheLayerMixin):
             rows, idx, col = (t.to(dev) for t in step.cap)
             new = key_states[rows, :, col]  # (N, H_kv, D)
             self.sink_keys[rows, :, idx] = new
-            self.sink_half[rows, :, idx] = self.owner.rope.rotate_half(new)
+            if self.rotary:
+                self.sink_half[rows, :, idx] = self.owner.rope.rotate_half(new)
         if self.owner.capacity is None:  # dense
             self.keys = torch.cat((self.keys, key_states), dim=-2)
             self.values = torch.cat((self.values, value_states), dim=-2)
@@ -117,7 +119,7 @@ class SinkLayer(CacheLayerMixin):
                 rows, slots = step.rows.to(dev), step.slots.to(dev)  # type: ignore[union-attr]
                 self.keys[rows, :, slots] = key_states[:, :, 0]
                 self.values[rows, :, slots] = value_states[:, :, 0]
-            if plan.rewrites:
+            if plan.rewrites and self.rotary:
                 self._rewrite(step, self.keys)
             n = plan.kv_len
             return self.keys[:, :, :n], self.values[:, :, :n]
@@ -126,7 +128,7 @@ class SinkLayer(CacheLayerMixin):
         gather = step.gather.to(dev)[:, None, :, None]
         old_k = self.keys.gather(2, gather.expand(b, h, -1, d))
         old_v = self.values.gather(2, gather.expand(b, h, -1, self.values.shape[-1]))
-        if plan.rewrites:
+        if plan.rewrites and self.rotary:
             self._rewrite(step, old_k)
         full_k = torch.cat((old_k, key_states), dim=-2)
         full_v = torch.cat((old_v, value_states), dim=-2)

@@ -268,7 +268,7 @@ def _load_folder(
 ):
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
-    from sinklab.arch import attn_implementation
+    from sinklab.arch import SINKLAB, attn_implementation
     from sinklab.offline import enforce_offline
 
     enforce_offline()
@@ -291,6 +291,10 @@ def _load_folder(
         _check_weight_files(local, folder)
     cls = _model_class(config)
     impl = attn_implementation(cls) if cls is not None else None
+    if impl == SINKLAB:
+        from sinklab.seam import register
+
+        register()
     try:
         model, report = AutoModelForCausalLM.from_pretrained(
             folder,

@@ -32,19 +32,25 @@ SUPPORTED_ROPE = ("default", "linear", "llama3", "yarn")
 class Rope:
     """The model's rotary embedding as a rotation we can apply by any angle.
 
-    ``inv_freq`` (rot_dim / 2,) float64; rotation over the first ``rot_dim`` dims of a head with
-    Llama's ``rotate_half`` layout (checked against the model's own ``apply_rotary_pos_emb``).
+    ``inv_freq`` (rot_dim / 2,) float64; rotation over the first ``rot_dim`` dims of a head, in
+    Llama's ``rotate_half`` layout (pairs ``(i, i + rot_dim/2)``) or, ``interleaved``, in
+    GPT-J's (pairs ``(2i, 2i + 1)``: Cohere, GLM); checked against the model's own
+    ``apply_rotary_pos_emb``.
     """
 
     inv_freq: Tensor
     rot_dim: int
     rope_type: str
+    interleaved: bool = False
 
     def cos_sin(self, delta: Tensor, dtype: torch.dtype, dim: int | None = None):
         """Rotation by ``delta`` positions (S,) -> cos, sin (S, dim) in ``dtype``; angles in
         float64. Dims past ``rot_dim`` (partial RoPE) get cos 1, sin 0: left alone."""
         ang = delta.to(torch.float64)[:, None] * self.inv_freq[None, :]  # (S, rot_dim/2)
-        ang = torch.cat((ang, ang), dim=-1)  # (S, rot_dim)
+        if self.interleaved:
+            ang = ang.repeat_interleave(2, dim=-1)  # (S, rot_dim): a0 a0 a1 a1 ...
+        else:
+            ang = torch.cat((ang, ang), dim=-1)  # (S, rot_dim): a0 a1 ... a0 a1 ...
         cos, sin = ang.cos(), ang.sin()
         if dim is not None and dim > self.rot_dim:
             pad = (0, dim - self.rot_dim)
@@ -52,9 +58,13 @@ class Rope:
         return cos.to(dtype), sin.to(dtype)
 
     def rotate_half(self, x: Tensor) -> Tensor:
-        """(..., D) -> Llama's rotate_half over the first ``rot_dim`` dims, zeros after."""
+        """(..., D) -> the layout's rotate_half over the first ``rot_dim`` dims, zeros after."""
         r, half = self.rot_dim, self.rot_dim // 2
-        rot = torch.cat((-x[..., half:r], x[..., :half]), dim=-1)
+        if self.interleaved:
+            pairs = torch.stack((-x[..., 1:r:2], x[..., 0:r:2]), dim=-1)  # (..., r/2, 2)
+            rot = pairs.flatten(-2)
+        else:
+            rot = torch.cat((-x[..., half:r], x[..., :half]), dim=-1)
         return rot if r == x.shape[-1] else F.pad(rot, (0, x.shape[-1] - r))
 
     def shift(self, x: Tensor, delta: Tensor) -> Tensor:
@@ -64,16 +74,23 @@ class Rope:
 
 
 def position_scheme(config: Any) -> str:
-    """How the model encodes positions: decides whether a sink cache can move cached keys."""
+    """How the model encodes positions: decides whether a sink cache can move cached keys.
+
+    ALiBi is read first: Falcon configs carry RoPE parameters even with ``alibi=True``."""
+    model_type = config.model_type
+    attn_config = getattr(config, "attn_config", None)  # MPT keeps its ALiBi switch there
+    mpt_alibi = model_type == "mpt" and getattr(attn_config, "alibi", True)
+    if getattr(config, "alibi", False) or model_type == "bloom" or mpt_alibi:
+        return ALIBI
     if getattr(config, "rope_parameters", None) or getattr(config, "rope_theta", None):
         return ROPE
-    if getattr(config, "alibi", False) or config.model_type in {"bloom", "mpt", "falcon_alibi"}:
-        return ALIBI
-    if config.model_type in {"gpt2", "gpt_neo", "opt", "gptj_absolute", "biogpt", "xglm"}:
+    if model_type in {"gptj", "codegen"}:  # rotary over rotary_dim dims, from a sin/cos table
+        return ROPE
+    if model_type in {"gpt2", "gpt_neo", "opt", "biogpt", "xglm"}:
         return ABSOLUTE
     if getattr(config, "n_positions", None) or getattr(config, "max_position_embeddings", None):
         # A learned or sinusoidal table that is not RoPE: positions are baked into the inputs.
-        return ABSOLUTE if config.model_type not in {"mamba", "rwkv"} else NONE
+        return ABSOLUTE if model_type not in {"mamba", "rwkv"} else NONE
     return NONE
 
 
@@ -87,8 +104,50 @@ def _refuse(reason: str) -> SinklabError:
     return SinklabError(f"SinkCache cannot move cached keys of this model: {reason}")
 
 
-def rope_of(model: Any) -> Rope:
-    """The rotary embedding of a RoPE model, or :class:`SinklabError` naming why not."""
+class _Rotary:
+    """One RoPE of a model's rotary module: ``cos, sin = rotary(x, position_ids)`` as the model
+    computes them (Gemma 3 and OLMo 3 keep one RoPE per layer type in one module)."""
+
+    def __init__(self, module: Any, layer_type: str | None) -> None:
+        self.module, self.layer_type = module, layer_type
+        prefix = f"{layer_type}_" if layer_type else ""
+        self.inv_freq = getattr(module, f"{prefix}inv_freq")
+        rope_type = module.rope_type
+        self.rope_type = rope_type[layer_type] if isinstance(rope_type, dict) else rope_type
+        self.scale = float(getattr(module, f"{prefix}attention_scaling", 1.0) or 1.0)
+
+    def __call__(self, x: Tensor, pos: Tensor):
+        if self.layer_type:
+            return self.module(x, pos, self.layer_type)
+        return self.module(x, pos)
+
+
+def _global_rotary(model: Any, config: Any, layer_type: str) -> _Rotary:
+    """The RoPE of the layers whose keys a sink cache moves (the global-attention ones)."""
+    found = [m for m in model.modules() if hasattr(m, "rope_type")]
+    plain = [m for m in found if hasattr(m, "inv_freq")]
+    if plain:
+        first = plain[0]
+        if any(not torch.equal(m.inv_freq, first.inv_freq) for m in plain[1:]):
+            raise _refuse("its layers use different RoPE frequencies (per-layer RoPE)")
+        return _Rotary(first, None)
+    typed = [m for m in found if hasattr(m, f"{layer_type}_inv_freq")]
+    if typed:
+        return _Rotary(typed[0], layer_type)
+    if config.model_type in {"gptj", "codegen"}:
+        raise _refuse(
+            f"{config.model_type} applies RoPE from a precomputed sin/cos table inside its "
+            "attention, with no rotary module sinklab can read frequencies from; not supported"
+        )
+    raise _refuse(f"no rotary embedding module found in {type(model).__name__}")
+
+
+def rope_of(model: Any, layer_type: str = "full_attention") -> Rope:
+    """The rotary embedding of a RoPE model's global-attention layers (``layer_type``
+    "sliding_attention": of its sliding-window layers, which have their own in Gemma 3), or
+    :class:`SinklabError` naming why not. (Sliding-window layers of hybrid models keep the
+    model's own window and are moved only when the cache rebases positions; NoPE layers have
+    nothing to move.)"""
     config = text_config(model)
     scheme = position_scheme(config)
     if scheme == ABSOLUTE:
@@ -104,34 +163,33 @@ def rope_of(model: Any) -> Rope:
     if scheme != ROPE:
         raise _refuse(f"{config.model_type} has position scheme {scheme!r}; only RoPE is supported")
     types = set(getattr(config, "layer_types", None) or ["full_attention"])
-    if types != {"full_attention"}:
+    if types - {"full_attention", "sliding_attention"}:
+        other = ", ".join(sorted(types - {"full_attention", "sliding_attention"}))
+        raise _refuse(f"it has {other} layers; only full and sliding-window layers are supported")
+    rotary = _global_rotary(model, config, layer_type)
+    if rotary.rope_type not in SUPPORTED_ROPE:
         raise _refuse(
-            f"it has {', '.join(sorted(types))} layers; only full-attention layers are supported"
-        )
-    rotaries = [m for m in model.modules() if hasattr(m, "inv_freq") and hasattr(m, "rope_type")]
-    if not rotaries:
-        raise _refuse(f"no rotary embedding module found in {type(model).__name__}")
-    first = rotaries[0]
-    if any(not torch.equal(m.inv_freq, first.inv_freq) for m in rotaries[1:]):
-        raise _refuse("its layers use different RoPE frequencies (per-layer RoPE)")
-    if first.rope_type not in SUPPORTED_ROPE:
-        raise _refuse(
-            f"rope_type {first.rope_type!r} changes its frequencies with the sequence length; "
+            f"rope_type {rotary.rope_type!r} changes its frequencies with the sequence length; "
             f"supported: {', '.join(SUPPORTED_ROPE)}"
         )
-    inv = first.inv_freq.detach().to("cpu", torch.float64)
-    rope = Rope(inv_freq=inv, rot_dim=2 * inv.numel(), rope_type=first.rope_type)
-    _check_rotation(model, first, rope)
-    return rope
+    inv = rotary.inv_freq.detach().to("cpu", torch.float64)
+    return _checked_layout(model, config, rotary, inv)
 
 
-def _check_rotation(model: Any, rotary: Any, rope: Rope) -> None:
-    """Our rotation must equal the model's own ``apply_rotary_pos_emb`` (layout, partial dims)."""
-    apply = getattr(sys.modules.get(type(model).__module__), "apply_rotary_pos_emb", None)
-    head_dim = getattr(model.config, "head_dim", None) or (
-        model.config.hidden_size // model.config.num_attention_heads
+def _head_dim(config: Any) -> int:
+    return int(
+        getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
     )
-    if apply is None or rope.rot_dim > head_dim:
+
+
+def _checked_layout(model: Any, config: Any, rotary: _Rotary, inv: Tensor) -> Rope:
+    """The layout (rotate_half or interleaved) whose rotation equals the model's own
+    ``apply_rotary_pos_emb``, applied as the model applies it: to the whole head, or, where the
+    model rotates only a slice (Phi, StableLM: ``partial_rotary_factor``), to that slice."""
+    apply = getattr(sys.modules.get(type(model).__module__), "apply_rotary_pos_emb", None)
+    head_dim = _head_dim(config)
+    rot_dim = 2 * inv.numel()
+    if apply is None or rot_dim > head_dim:
         raise _refuse(f"cannot find or check how {type(model).__name__} applies RoPE")
     g = torch.Generator().manual_seed(0)
     dev = rotary.inv_freq.device
@@ -139,11 +197,24 @@ def _check_rotation(model: Any, rotary: Any, rope: Rope) -> None:
     pos = torch.tensor([[0, 5, 37]], device=dev)
     with torch.no_grad():
         cos, sin = rotary(k, pos)
+        width = head_dim
         try:
             _, theirs = apply(k, k, cos, sin)
+        except RuntimeError:  # the model rotates a slice of the head and passes the rest
+            width = cos.shape[-1]
+            try:
+                _, theirs = apply(k[..., :width], k[..., :width], cos, sin)
+            except Exception as exc:
+                raise _refuse(f"its apply_rotary_pos_emb is not Llama-style ({exc})") from None
         except Exception as exc:  # a different signature: we cannot vouch for the layout
             raise _refuse(f"its apply_rotary_pos_emb is not Llama-style ({exc})") from None
-    scale = float(getattr(rotary, "attention_scaling", 1.0))
-    ours = rope.shift(k[0, 0].cpu().double(), pos[0].cpu()) * scale
-    if not torch.allclose(theirs[0, 0].cpu().double(), ours, atol=1e-4, rtol=1e-4):
-        raise _refuse("its RoPE layout differs from Llama's rotate_half")
+    theirs = theirs[0, 0].cpu().double()
+    x = k[0, 0, :, :width].cpu().double()
+    for interleaved in (False, True):
+        rope = Rope(inv, rot_dim, rotary.rope_type, interleaved)
+        ours = rope.shift(x, pos[0].cpu()) * rotary.scale
+        if width > rot_dim:  # dims past rot_dim are not scaled
+            ours[..., rot_dim:] = x[..., rot_dim:]
+        if torch.allclose(theirs, ours, atol=1e-4, rtol=1e-4):
+            return rope
+    raise _refuse("its RoPE layout is neither Llama's rotate_half nor interleaved pairs")

@@ -88,7 +88,9 @@ def stream(
     txt = load_text(text)
     with stderr.status("loading model"):
         loaded = load_model(model, trust_remote_code=trust_remote_code)
-        SinkCache(loaded.model, CacheConfig("sink", n_sink, window))  # can the model stream?
+        if moving := [p for p in config.policies if p in ("window", "sink", "sink-auto")]:
+            policy_check = "window" if moving == ["window"] else "sink"  # dense moves no key
+            SinkCache(loaded.model, CacheConfig(policy_check, n_sink, window))  # can it stream?
         ids = token_stream(txt, loaded.tokenizer, tokens)
     columns = (
         TextColumn("[bold]{task.description:>9}"),

@@ -93,7 +93,9 @@ def register() -> None:
 
 def check_supported(model: nn.Module) -> None:
     """Raise SinklabError when a model's attention can't go through the registered function."""
-    if not getattr(type(model), "_supports_attention_backend", False):
+    from sinklab.arch import dispatches_attention  # StableLM dispatches without the flag
+
+    if not dispatches_attention(type(model)):
         raise SinklabError(
             f"{type(model).__name__} does not dispatch attention through transformers' "
             "AttentionInterface, so sinklab cannot capture or change its attention; "
