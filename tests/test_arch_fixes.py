@@ -96,7 +96,8 @@ def test_dense_needs_no_rope(tiny_model_dir, tmp_path, capsys):
     folder = str(tiny_model_dir("gpt2"))
 
     def stream(policy: str, out: str) -> int:
-        args = ["stream", "--model", folder, "--policy", policy, "--tokens", "24"]
+        args = ["stream", "--model", folder, "--policy", policy, "--tokens", "24", "--method"]
+        args.append("step")
         return main([*args, "--out", str(tmp_path / out)])
 
     assert stream("dense", "a") == 0, capsys.readouterr().err
@@ -110,3 +111,52 @@ def test_info_facts_gptj_is_rotary_falcon_kv_heads():
     assert position_scheme(arch_config("gptj")) == ROPE
     falcon = arch_config("falcon")
     assert kv_heads(falcon) == 2 and not hasattr(falcon, "num_key_value_heads")
+
+
+@pytest.mark.parametrize(
+    ("family", "overrides"),
+    [("gemma3_text", {}), ("gemma2", {}), ("smollm3", {"no_rope_layers": [0, 1]})],
+)
+def test_rebased_positions_on_hybrid_and_nope_layers(family, overrides):
+    """prepare() rebases positions below the bound: a hybrid's sliding layers move along with
+    their own RoPE (Gemma 3: another base), NoPE layers not at all; NLLs equal the unbounded."""
+    model = arch_model(family, max_position_embeddings=24, **overrides)
+    ids = _ids(80, seed=5)
+
+    @torch.no_grad()
+    def nll(bounded: bool) -> torch.Tensor:
+        cache = SinkCache(model, CacheConfig("sink", 2, 6), max_position=24 if bounded else 10**6)
+        out = []
+        for t in range(len(ids) - 1):
+            extra = cache.prepare(1)
+            assert int(extra["position_ids"].max()) < (24 if bounded else 10**6)
+            logits = model(torch.tensor([[ids[t]]]), cache=cache, **extra).logits[0, -1]
+            out.append(float(torch.logsumexp(logits.double(), -1) - logits.double()[ids[t + 1]]))
+        return torch.tensor(out)
+
+    torch.testing.assert_close(nll(True), nll(False), atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize(
+    ("family", "overrides", "why"),
+    [
+        ("bloom", {}, "from the attention mask"),
+        ("mpt", {}, "ring-slot order"),
+        ("falcon", {"alibi": True}, "every token seen"),
+    ],
+)
+def test_alibi_refusals_say_why(family, overrides, why):
+    """Item 3: each ALiBi model says why its bias cannot follow the sink cache; dense works
+    (the matrix's "stream dense" column)."""
+    with pytest.raises(SinklabError, match=why):
+        SinkCache(arch_model(family, **overrides), CacheConfig("sink", 2, 6))
+
+
+@pytest.mark.parametrize("policy", ["dense", "sink"])
+def test_chunked_refuses_sliding_and_nope_layers(policy):
+    """--method chunked scored sliding layers as global (gemma2 dense: 3 nats off, silently)."""
+    from sinklab.chunked import chunked_nll
+
+    for model in (arch_model("gemma2"), arch_model("smollm3", no_rope_layers=[0, 1])):
+        with pytest.raises(SinklabError, match="use --method step"):
+            chunked_nll(model, torch.tensor(_ids(20)), CacheConfig(policy, 2, 6), chunk=8)

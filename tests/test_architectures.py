@@ -9,7 +9,8 @@ Each cell is OK only when the feature's numbers equal an independent computation
   its layer-0 keys moved to positions 0..n-1 equal the model's own keys computed there;
 * ``ablate mask-sink``: runs; its unmasked perplexity equals one computed from the logits, and
   masking the sink in all layers leaves no attention on it;
-* ``stream dense``: the dense policy equals the model's own next-token losses.
+* ``stream dense``: the dense policy equals the model's own next-token losses;
+* ``stream chunked``: ``--method chunked`` (8 queries per forward) equals the step loop (1e-4).
 
 A cell may instead be a refusal, one line naming the reason; which cells refuse is stated in
 :data:`REFUSED` (a cell that starts or stops refusing fails). When the whole matrix ran,
@@ -33,7 +34,7 @@ from sinklab.seam import AttentionHandler, sinklab_attention
 from streamref import naive_logits
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "architectures.md"
-FEATURES = ("probe", "sink cache", "ablate mask-sink", "stream dense")
+FEATURES = ("probe", "sink cache", "ablate mask-sink", "stream dense", "stream chunked")
 
 #: rows beyond one per family: (row name, family, config overrides)
 VARIANTS = {
@@ -53,18 +54,34 @@ ROWS = {**{f: (f, {}) for f in FAMILIES}, **VARIANTS}
 
 _NO_INTERFACE = "does not dispatch attention through transformers' AttentionInterface"
 #: (row, feature) -> a phrase the one-line refusal must contain
+_MIXED = "sliding-window or NoPE layers"
+_HYBRIDS = (
+    "gemma2",
+    "gemma3_text",
+    "olmo3",
+    "cohere2",
+    "gpt_oss",
+    "qwen3 (sliding window)",
+    "ministral",
+)
+_CACHE = {  # the sink cache's refusals (chunked streaming builds one first: the same)
+    "gpt2": "learned absolute position embeddings",
+    "opt": "learned absolute position embeddings",
+    "gptj": "precomputed sin/cos table",
+    "bloom": "ALiBi",
+    "mpt": "ALiBi",
+    "falcon (alibi)": "ALiBi",
+}
 REFUSED = {
     **{
         (r, f): _NO_INTERFACE
-        for r in ("falcon", "falcon (alibi)", "bloom", "mpt")
-        for f in FEATURES[::2]
+        for r in ("falcon", "bloom", "mpt")
+        for f in ("probe", "ablate mask-sink", "stream chunked")
     },
-    ("gpt2", "sink cache"): "learned absolute position embeddings",
-    ("opt", "sink cache"): "learned absolute position embeddings",
-    ("gptj", "sink cache"): "precomputed sin/cos table",
-    ("bloom", "sink cache"): "ALiBi",
-    ("mpt", "sink cache"): "ALiBi",
-    ("falcon (alibi)", "sink cache"): "ALiBi",
+    **{(r, f): _NO_INTERFACE for f in ("probe", "ablate mask-sink") for r in ("falcon (alibi)",)},
+    **{(r, "stream chunked"): _MIXED for r in (*_HYBRIDS, "smollm3")},
+    **{(r, "sink cache"): why for r, why in _CACHE.items()},
+    **{(r, "stream chunked"): why for r, why in _CACHE.items()},
 }
 
 RESULTS: dict[tuple[str, str], str] = {}
@@ -101,7 +118,9 @@ def render(results: dict[tuple[str, str], str]) -> str:
         "  must stay below the model's window (else refused: it would hide the sinks);",
         "- **ablate mask-sink**: runs; the unmasked perplexity equals one computed from the",
         "  logits, and masking the sink in every layer leaves attention on it only from query 0;",
-        "- **stream dense**: the dense policy's losses equal the model's own.",
+        "- **stream dense**: the dense policy's losses equal the model's own;",
+        "- **stream chunked**: `stream --method chunked` (8 queries a forward) equals the",
+        "  token-by-token step loop to 1e-4 (sink policy, 2 + 6, 40 tokens).",
         "",
         "A refusal is a one-line error naming the reason; nothing is listed as working",
         "without a test.",
@@ -159,6 +178,10 @@ class _Weights(AttentionHandler):
 
 
 def _impl(model) -> str:
+    """The implementation sinklab's loader would pick (and registers where it is sinklab's)."""
+    from sinklab.seam import register
+
+    register()
     return attn_implementation(type(model))
 
 
@@ -257,3 +280,21 @@ def test_stream_dense(built, row):
         assert most == ids.numel() - 1
 
     _record(row, "stream dense", run)
+
+
+@pytest.mark.parametrize("row", ROWS)
+def test_stream_chunked(built, row):
+    from sinklab.chunked import chunked_nll
+    from sinklab.streaming import stream_nll
+
+    model, ids = built(row), _ids(40, seed=4)
+
+    def run():
+        model.set_attn_implementation(_impl(model))
+        cfg = CacheConfig("sink", 2, 6)
+        got, most, _ = chunked_nll(model, ids, cfg, chunk=8)
+        want, most_step, _ = stream_nll(model, ids, cfg)
+        torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
+        assert most == most_step == 8
+
+    _record(row, "stream chunked", run)

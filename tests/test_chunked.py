@@ -149,7 +149,7 @@ def _message(fn) -> str:
         (
             "llama",
             {"rope_parameters": {"rope_type": "dynamic", "rope_theta": 1e4, "factor": 2.0}},
-            CacheConfig("dense", 2, 6),
+            CacheConfig("sink", 2, 6),  # (dense moves no key: accepted by both)
         ),
         ("llama", {}, CacheConfig("sink", 4, 508)),  # not below the tiny model's 512 positions
     ],

@@ -34,6 +34,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from sinklab.arch import layer_kinds
 from sinklab.cache import CacheConfig, SinkCache
 from sinklab.errors import SinklabError
 from sinklab.rotary import Rope, text_config
@@ -220,7 +221,9 @@ def _attention_layers(model: nn.Module) -> list[tuple[nn.Module, int]]:
     return [
         (m, int(m.layer_idx))
         for m in model.modules()
-        if hasattr(m, "layer_idx") and hasattr(m, "config") and hasattr(m, "o_proj")
+        if hasattr(m, "layer_idx")
+        and hasattr(m, "config")
+        and (hasattr(m, "o_proj") or type(m).__name__.endswith("Attention"))  # Phi, NeoX: dense
     ]
 
 
@@ -273,6 +276,13 @@ def chunked_nll(
     if chunk < 1:
         raise SinklabError(f"chunk must be a positive integer, got {chunk}")
     cache = SinkCache(model, cache_config)  # the same refusals (architecture, sizes) as step
+    kinds = layer_kinds(text_config(model))
+    windowed = any(k.window is not None for k in kinds)  # all-sliding + a sink cache: checked
+    if not all(k.rotary for k in kinds) or (windowed and (cache.hybrid or cache.capacity is None)):
+        raise SinklabError(
+            "chunked streaming scores every layer as global RoPE attention, and this model has "
+            "sliding-window or NoPE layers; use --method step"
+        )
     sinks, recent = cache.config.sinks, cache.config.recent
     state = BandState(cache.rope, text_config(model).num_hidden_layers)
     dev = next(model.parameters()).device

@@ -23,6 +23,20 @@ from sinklab.errors import SinklabError
 # Position schemes, by how a cached key depends on its position.
 ROPE, ALIBI, ABSOLUTE, NONE = "rope", "alibi", "absolute", "none"
 
+# Why each ALiBi model's bias cannot be made cache-relative (keys carry no position there, so
+# StreamingLLM needs the bias to follow the cached keys' order instead).
+_ALIBI_WHY = {
+    "falcon": "its bias is built over every token seen (the cache's get_seq_length, which must "
+    "stay the stream length), not over the cached keys, so the public API cannot make it "
+    "cache-relative; use --policy dense, or a RoPE model",
+    "bloom": "its bias is built from the attention mask when one is passed (as generate does), "
+    "over every token seen, so the public API cannot make it cache-relative; use --policy "
+    "dense, or a RoPE model",
+    "mpt": "its bias follows the order of the keys it is given, and the sink cache returns "
+    "them in ring-slot order (it moves no key), so the bias would be wrong; not supported "
+    "(it could be, by returning keys in stream order); use --policy dense, or a RoPE model",
+}
+
 # RoPE types whose frequencies do not depend on the sequence length: a score depends only on the
 # difference of positions, which is what makes moving a key possible.
 SUPPORTED_ROPE = ("default", "linear", "llama3", "yarn")
@@ -157,9 +171,7 @@ def rope_of(model: Any, layer_type: str = "full_attention") -> Rope:
             "position; use a RoPE model (Llama, Mistral, Qwen2, Gemma)"
         )
     if scheme == ALIBI:
-        raise _refuse(
-            f"{config.model_type} uses ALiBi (position scheme 'alibi'), not supported yet"
-        )
+        raise _refuse(f"{config.model_type} uses ALiBi: {_ALIBI_WHY.get(config.model_type, '')}")
     if scheme != ROPE:
         raise _refuse(f"{config.model_type} has position scheme {scheme!r}; only RoPE is supported")
     types = set(getattr(config, "layer_types", None) or ["full_attention"])
