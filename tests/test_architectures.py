@@ -245,7 +245,7 @@ def test_sink_cache(built, row):
 
 @pytest.mark.parametrize("row", ROWS)
 def test_ablate_mask_sink(built, row):
-    from sinklab.ablate.experiments import run_experiment
+    from sinklab.ablate.registry import run_experiment
 
     model, ids = built(row), _ids(16, seed=2)
 
