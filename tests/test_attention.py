@@ -186,7 +186,7 @@ def test_fused_sink_gradients_match_reference() -> None:
 
 def test_unfused_variants_fall_back_to_reference() -> None:
     q, k, v = qkv(1, 2, 6, 6, 4)
-    for variant in ("clipped", "sigmoid"):
+    for variant in ("clipped", "sigmoid", "relu"):
         expected, _ = reference_attention(q, k, v, is_causal=True, variant=variant)
         assert torch.equal(fused_attention(q, k, v, is_causal=True, variant=variant), expected)
 
@@ -233,7 +233,8 @@ def test_future_never_changes_the_past(
     past = t + 1 - (t_len - tq)  # rows at absolute positions <= t
     if past > 0:
         torch.testing.assert_close(a[:, :, :past], b[:, :, :past], atol=1e-6, rtol=0)
-    assert not torch.allclose(a[:, :, max(past, 0) :], b[:, :, max(past, 0) :])  # real change
+    if variant != "relu":  # relu: a row whose visible scores are all <= 0 outputs 0 either way
+        assert not torch.allclose(a[:, :, max(past, 0) :], b[:, :, max(past, 0) :])  # real change
 
 
 # --------------------------------------------------------------------------- numerical safety
@@ -287,6 +288,10 @@ def test_extreme_scores_stay_finite(variant: str, dtype: torch.dtype) -> None:
     w = attention_weights(variant, scores, mask, sink_logit=torch.tensor([0.0, 5.0]))
     assert w.dtype == dtype
     assert torch.isfinite(w).all()
+    if variant == "relu":  # unbounded above: relu(s) / 3 visible keys, exactly
+        expected = torch.tensor([[1e4, 0, 0, 1e4], [0, 0, 0, 0]]).expand(2, 2, 2, 4) / 3
+        torch.testing.assert_close(w.float(), expected, rtol=1e-2, atol=0)
+        return
     assert ((w >= 0) & (w <= 1)).all()
     assert (w[..., 0, :].float().sum(-1) > 0.9).all()  # the two maxima keep (almost) all mass
     if variant == "softmax":  # three tied scores of -1e4: a third each, not NaN or 0
@@ -312,6 +317,19 @@ def test_variant_specific_semantics() -> None:
         clipped_softmax(scores, gamma=0.1)
     with pytest.raises(SinklabError, match="per head"):
         sink_softmax(scores, sink_logit=torch.zeros(3))
+
+
+def test_relu_attention_divides_by_the_visible_keys() -> None:
+    scores = torch.randn(2, 3, 5, 7, generator=torch.Generator().manual_seed(5)) * 2
+    mask = causal_mask(5, 7)
+    w = attention_weights("relu", scores, mask)
+    for i in range(5):  # query i sees keys 0 .. 2 + i: independent loop over rows
+        n = 3 + i
+        expected = torch.zeros(2, 3, 7)
+        expected[..., :n] = scores[:, :, i, :n].clamp_min(0) / n
+        torch.testing.assert_close(w[:, :, i], expected)
+    torch.testing.assert_close(attention_weights("relu", scores), scores.clamp_min(0) / 7)
+    assert (w.sum(-1) < 1).any() and torch.equal(attention_weights("relu", -scores.abs()), 0 * w)
 
 
 def test_unknown_variant_names_the_allowed_values() -> None:

@@ -21,4 +21,24 @@ def test_cost_cli_writes_json_and_figure(capsys, tmp_path):
 
 
 def test_train_cli_bad_variant_exits_2_with_one_line(capsys):
-    assert_one_line_error(run_main(capsys, "train", "--variant", "relu"), "unknown variant")
+    assert_one_line_error(run_main(capsys, "train", "--variant", "relu2"), "unknown variant")
+    assert_one_line_error(
+        run_main(capsys, "train", "--task", "backcopy", "--data", "packed"), "no-bos"
+    )
+
+
+def test_train_cli_backcopy_writes_the_backcopy_metrics(capsys, tmp_path):
+    sizes = ("--steps", "3", "--d-model", "32", "--seq-len", "16", "--batch-size", "4")
+    proc = run_main(
+        capsys, "train", "--task", "backcopy", "--data", "no-bos", *sizes, "-o", str(tmp_path)
+    )
+    assert proc.returncode == 0, proc.stderr
+    data = json.loads((tmp_path / "train.json").read_text())
+    assert data["config"]["task"] == "backcopy" and data["config"]["layers"] == 1  # the preset
+    bc = data["checkpoints"][-1]["backcopy"]
+    keys = {"first_token_mass_nontrigger", "first_token_mass_trigger", "prev_token_mass_trigger"}
+    keys |= {"null_mass_nontrigger", "gate_nontrigger", "bos_value_norm", "backcopy_loss"}
+    keys |= {"output_norm_nontrigger", "output_norm_trigger"}
+    assert keys <= set(bc) and bc["head"] == [0, 0] and bc["gate_nontrigger"] is None
+    assert "first-token mass at non-trigger queries" in proc.stderr
+    assert (tmp_path / "checkpoints" / "step-3" / "tokenizer.json").is_file()

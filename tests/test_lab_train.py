@@ -87,7 +87,7 @@ def test_bad_train_config_is_one_error():
     with pytest.raises(SinklabError, match="d-model"):
         TrainConfig(d_model=30, heads=4)
     with pytest.raises(SinklabError, match="variant"):
-        TrainConfig(variant="relu")
+        TrainConfig(variant="relu2")
 
 
 def test_sweep_resumes_finished_runs_and_retrains_changed_ones(tmp_path):

@@ -12,9 +12,10 @@ Shape glossary (every function below uses it):
 Weight variants (``VARIANTS``): ``softmax``; ``softmax1`` (an invisible extra slot with logit 0, so
 rows may sum to less than 1: docs/science.md#softmax-plus-one); ``sink`` (the same slot with a
 learned logit per head, gpt-oss style); ``clipped`` (Bondarenko et al. 2023); ``sigmoid``
-(unnormalised, Gu et al. 2025). Every weight function computes in float32 (float64 stays float64),
-returns the scores' dtype, gives exact zeros on a fully masked row and stays finite for scores of
-+-1e4 in float32/16/bfloat16.
+(unnormalised, Gu et al. 2025); ``relu`` (``relu(s) / n_keys``, Guo et al. 2024: weights are
+unbounded above, rows need not sum to 1). Every weight function computes in float32 (float64
+stays float64), returns the scores' dtype, gives exact zeros on a fully masked row and stays finite
+for scores of +-1e4 in float32/16/bfloat16.
 This module knows nothing about models or files.
 """
 
@@ -28,7 +29,7 @@ from torch import Tensor
 
 from sinklab.errors import SinklabError
 
-VARIANTS = ("softmax", "softmax1", "sink", "clipped", "sigmoid")
+VARIANTS = ("softmax", "softmax1", "sink", "clipped", "sigmoid", "relu")
 # Variants that fused_attention runs through SDPA's fused kernels; the others fall back.
 FUSED_VARIANTS = ("softmax", "softmax1", "sink")
 
@@ -216,6 +217,27 @@ def sigmoid_attention(
     return w.to(scores.dtype)
 
 
+def relu_attention(scores: Tensor, mask: Tensor | None = None) -> Tensor:
+    """ReLU attention normalised by the number of keys (Guo et al. 2024, arXiv 2410.13835).
+
+    ``w_ij = relu(s_ij) / n_i`` with ``n_i`` the number of keys query ``i`` may attend to:
+    ``(B, H, Tq, Tk) -> (B, H, Tq, Tk)``. Masked entries and fully masked rows are 0. Weights are
+    not bounded by 1 and rows need not sum to 1: a head "does nothing" with all scores <= 0.
+    """
+    _check_mask(mask)
+    s = scores.to(_work_dtype(scores.dtype))
+    if mask is None:
+        n = torch.full_like(s[..., :1], float(s.shape[-1]))
+        w = torch.relu(s)
+    else:
+        w = torch.relu(s).masked_fill(~mask, 0.0)
+        n = torch.broadcast_to(mask, s.shape).sum(dim=-1, keepdim=True).to(s.dtype)
+    w = w / n.clamp_min(1.0)
+    if scores.dtype in (torch.float16, torch.bfloat16):  # keep a huge score finite when cast
+        w = w.clamp_max(torch.finfo(scores.dtype).max)
+    return w.to(scores.dtype)
+
+
 def output_gate(out: Tensor, gate_logits: Tensor) -> Tensor:
     """Gated attention output ``out * sigmoid(gate_logits)``.
 
@@ -256,6 +278,8 @@ def attention_weights(
         return sigmoid_attention(scores, mask, sigmoid_bias)
     if variant == "clipped":
         return clipped_softmax(scores, mask)
+    if variant == "relu":
+        return relu_attention(scores, mask)
     return softmax1(scores, mask) if variant == "softmax1" else softmax(scores, mask)
 
 
@@ -370,7 +394,8 @@ def fused_attention(
     softmax1 and sink add one zero-value key whose logit is the sink logit (``_with_sink_key``).
     The fastest path is ``is_causal`` with ``Tq == Tk`` and no mask; other cases pass an explicit
     bool mask of ``(Tq, Tk)`` (``Tq < Tk``: decoding). ``clipped`` and ``sigmoid`` have no fused
-    form and fall back to ``reference_attention`` (materialised weights, O(Tq * Tk) memory).
+    form (nor does ``relu``) and fall back to ``reference_attention`` (materialised weights,
+    O(Tq * Tk) memory).
     """
     _check_variant(variant)
     if variant not in FUSED_VARIANTS:  # no fused form: materialise the weights

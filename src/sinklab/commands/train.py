@@ -14,13 +14,32 @@ from sinklab.commands.common import FormatOpt, OutputFormat, SeedOpt, emit_json,
 class Sweep(StrEnum):
     variants = "variants"
     data = "data"
+    length = "length"
+    depth = "depth"
+
+
+class Task(StrEnum):
+    text = "text"
+    backcopy = "backcopy"
 
 
 def train(
+    task: Annotated[
+        Task,
+        typer.Option(
+            help="text: the plays (BPE); backcopy: the bigram-backcopy task (Guo et al. 2024), "
+            "where a sink grows in about a minute."
+        ),
+    ] = Task.text,
     variant: Annotated[
-        str, typer.Option(help="Attention: softmax, softmax1, sink, gated, sigmoid.")
+        str, typer.Option(help="Attention: softmax, softmax1, sink, gated, sigmoid, relu.")
     ] = "softmax",
-    data: Annotated[str, typer.Option(help="Data: bos, packed, packed-bos, doc-mask.")] = "bos",
+    data: Annotated[
+        str,
+        typer.Option(
+            help="Data: bos, packed, packed-bos, doc-mask (text); bos, no-bos (backcopy)."
+        ),
+    ] = "bos",
     preset: Annotated[str, typer.Option(help="Defaults: cpu (minutes on 2 cores) or gpu.")] = "cpu",
     steps: Annotated[int | None, typer.Option(help="Optimizer steps.")] = None,
     layers: Annotated[int | None, typer.Option(help="Transformer blocks.")] = None,
@@ -30,17 +49,25 @@ def train(
     batch_size: Annotated[int | None, typer.Option(help="Sequences per step.")] = None,
     vocab_size: Annotated[int | None, typer.Option(help="BPE vocabulary size.")] = None,
     device: Annotated[str | None, typer.Option(help="cpu or cuda.")] = None,
+    n_triggers: Annotated[
+        int | None, typer.Option(help="backcopy: the N most frequent characters trigger a copy.")
+    ] = None,
     seed: SeedOpt = 0,
     sweep: Annotated[
-        Sweep | None, typer.Option(help="Train every variant (or data strategy) and compare.")
+        Sweep | None,
+        typer.Option(
+            help="Train every variant, data strategy, length (T 64/128/256) or depth "
+            "(1/2/4 layers) and compare."
+        ),
     ] = None,
     out: Annotated[Path, typer.Option("--out", "-o", help="Output folder.")] = Path("lab-runs"),
     fmt: FormatOpt = OutputFormat.text,
 ) -> None:
     """Train a tiny decoder, probe sinks at each checkpoint, write train.json and figures.
 
-    Examples: sinklab train --variant softmax1 --data packed --steps 600;
-    sinklab train --sweep variants --steps 400; sinklab train --preset gpu --sweep data
+    Examples: sinklab train --task backcopy; sinklab train --task backcopy --sweep variants;
+    sinklab train --variant softmax1 --data packed --steps 600;
+    sinklab train --preset gpu --sweep data
     """
     from sinklab.lab.sweep import run_sweep
     from sinklab.lab.train import preset as make_preset
@@ -56,19 +83,22 @@ def train(
         "batch_size": batch_size,
         "vocab_size": vocab_size,
         "device": device,
+        "n_triggers": n_triggers,
     }
     overrides = {k: v for k, v in sizes.items() if v is not None}
-    config = make_preset(preset, variant=variant, data=data, seed=seed, **overrides)
+    config = make_preset(
+        preset, task=task.value, variant=variant, data=data, seed=seed, **overrides
+    )
     out = check_out(out, "train")  # one run: built aside, replaces OUT whole when it finishes
     with progress(fmt is OutputFormat.text) as prog:
         if sweep is None:
-            task = prog.add_task(f"{config.variant}/{config.data}", total=config.steps, status="")
+            bar = prog.add_task(f"{config.variant}/{config.data}", total=config.steps, status="")
             with output_dir(out, "train") as folder:
                 result = run_train(
                     config,
                     folder,
                     callback=lambda s, loss: prog.update(
-                        task, completed=s, status=f"loss {loss:.3f}"
+                        bar, completed=s, status=f"loss {loss:.3f}"
                     ),
                 )
             result.out = out
@@ -89,9 +119,18 @@ def train(
         emit_json(summary)
     elif sweep is not None:
         stderr.print(result.table())
-        stderr.print(f"wrote {out}/sweep.json, sweep.md, sweep_compare.png")
+        fig = "sweep_emergence.png" if config.task == "backcopy" else "sweep_compare.png"
+        stderr.print(f"wrote {out}/sweep.json, sweep.md, {fig}")
     else:
         v = result.val
+        if "backcopy" in result.checkpoints[-1]:
+            bc = result.checkpoints[-1]["backcopy"]
+            stderr.print(
+                f"backcopy, head {bc['head']}: first-token mass at non-trigger queries "
+                f"{bc['first_token_mass_nontrigger']:.3f}, previous-token mass at trigger queries "
+                f"{bc['prev_token_mass_trigger']:.3f}, output norm non-trigger/trigger "
+                f"{bc['output_norm_nontrigger']:.3f}/{bc['output_norm_trigger']:.3f}"
+            )
         stderr.print(
             f"sink rate {result.checkpoints[-1]['sink_rate']}; val PPL {v['ppl_with_first']:.2f} "
             f"with the first token, {v['ppl_without_first']:.2f} without; wrote {out}/train.json"

@@ -11,7 +11,8 @@ Read top to bottom: config, RoPE, attention, MLP, block, model, LM head, registr
   per head, an ``nn.Parameter`` named ``sink_logit``); ``gated`` (softmax, then a sigmoid gate per
   head and query computed from the layer input, :func:`sinklab.attention.output_gate`); ``sigmoid``
   (unnormalised ``sigmoid(s + b)`` with the fixed bias ``b = -log(max_position_embeddings)``, added
-  to every score through one extra q/k dimension, since the seam reads no bias).
+  to every score through one extra q/k dimension, since the seam reads no bias); ``relu``
+  (``relu(s) / n_keys``, Guo et al. 2024, :func:`sinklab.attention.relu_attention`).
 
 :func:`register_lab_models` registers model type ``sinklab-tiny`` with ``AutoConfig`` and
 ``AutoModelForCausalLM``; :func:`sinklab.models.load_model` calls it when a folder holds a lab
@@ -36,7 +37,7 @@ from sinklab.errors import SinklabError
 from sinklab.seam import ATTN_NAME, sinklab_attention_forward
 
 MODEL_TYPE = "sinklab-tiny"
-LAB_VARIANTS = ("softmax", "softmax1", "sink", "gated", "sigmoid")
+LAB_VARIANTS = ("softmax", "softmax1", "sink", "gated", "sigmoid", "relu")
 
 
 class LabConfig(PreTrainedConfig):

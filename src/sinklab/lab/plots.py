@@ -93,3 +93,42 @@ def plot_cost(
         ax.legend(fontsize=8)
         ax.grid(alpha=0.3, which="both")
     return figures.save(fig, path, dpi=120, numbers={"rows": list(rows), "fits": fits})
+
+
+def plot_emergence_curves(
+    curves: dict[str, Sequence[dict[str, Any]]], path: Path, *, title: str = ""
+) -> Path:
+    """Backcopy sweep: per run (one line each), the chosen head's first-token mass at
+    non-trigger queries, previous-token mass at trigger queries, and output norm ratio
+    (non-trigger / trigger) against checkpoint step."""
+    panels = (
+        ("first_token_mass_nontrigger", "first-token mass, non-trigger queries"),
+        ("prev_token_mass_trigger", "previous-token mass, trigger queries"),
+        ("output_norm_ratio", "||o|| non-trigger / ||o|| trigger"),
+    )
+    fig, axes = plt.subplots(1, 3, figsize=(14, 4))
+    numbers: dict[str, Any] = {"title": title, "runs": {}}
+    for name, checkpoints in curves.items():
+        steps = [c["step"] for c in checkpoints]
+        bc = [c["backcopy"] for c in checkpoints]
+        run = {
+            "step": steps,
+            "first_token_mass_nontrigger": [b["first_token_mass_nontrigger"] for b in bc],
+            "prev_token_mass_trigger": [b["prev_token_mass_trigger"] for b in bc],
+            "output_norm_ratio": [
+                b["output_norm_nontrigger"] / max(b["output_norm_trigger"], 1e-12) for b in bc
+            ],
+        }
+        numbers["runs"][name] = run
+        x = [max(s, 0.5) for s in steps]  # log axis: step 0 drawn at 0.5
+        for ax, (key, _) in zip(axes, panels, strict=True):
+            ax.plot(x, run[key], marker="o", ms=3, label=name)
+    for ax, (_, label) in zip(axes, panels, strict=True):
+        ax.set_xscale("log")
+        ax.set(xlabel="training step (0 shown at 0.5)", title=label)
+        ax.grid(alpha=0.3)
+    axes[0].set(ylabel="mass (head with the largest one)", ylim=(0, 1))
+    axes[1].set_ylim(0, 1)
+    axes[0].legend(fontsize=8)
+    fig.suptitle(f"sink emergence: {title}", fontsize=10)
+    return figures.save(fig, path, dpi=120, numbers=numbers)

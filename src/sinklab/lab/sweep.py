@@ -1,6 +1,9 @@
-"""Sweeps: one training run per attention variant (``variants``) or data strategy (``data``),
-everything else fixed, compared in one figure (``sweep_compare.png``) and one table (``sweep.json``,
-``sweep.md``). The tokenizer is trained once and shared by every run of a sweep. A run whose
+"""Sweeps: one training run per attention variant (``variants``), data strategy (``data``: the
+text strategies, or BOS / no BOS for backcopy), training length (``length``: T 64, 128, 256) or
+depth (``depth``: 1, 2, 4 layers), everything else fixed, compared in one figure and one table
+(``sweep.json``, ``sweep.md``). Text sweeps draw ``sweep_compare.png`` (bars); backcopy sweeps
+draw ``sweep_emergence.png`` (the emergence curve of each run, one line per run). The tokenizer
+(text) or bigram table (backcopy) is built once and shared by every run of a sweep. A run whose
 folder already holds a finished ``train.json`` with the same configuration is reused, not
 retrained, so an interrupted sweep resumes where it stopped."""
 
@@ -14,15 +17,40 @@ from pathlib import Path
 from typing import Any
 
 from sinklab.errors import SinklabError
-from sinklab.lab.data import DATA_STRATEGIES, LabData
+from sinklab.lab.backcopy import BackcopyData
+from sinklab.lab.data import LabData
 from sinklab.lab.model import LAB_VARIANTS
-from sinklab.lab.train import TrainConfig, TrainResult, load_result, train
+from sinklab.lab.train import TASK_DATA, TrainConfig, TrainResult, load_result, train
 from sinklab.meta import build_meta, write_json_atomic
 from sinklab.outputs import output_dir
 
 log = logging.getLogger(__name__)
 
-SWEEPS = {"variants": ("variant", LAB_VARIANTS), "data": ("data", DATA_STRATEGIES)}
+SWEEP_KINDS = ("variants", "data", "length", "depth")
+LENGTHS = (64, 128, 256)
+DEPTHS = (1, 2, 4)
+BACKCOPY_COLUMNS = (
+    "first_token_mass_nontrigger",
+    "prev_token_mass_trigger",
+    "output_norm_nontrigger",
+    "output_norm_trigger",
+    "backcopy_loss",
+)
+
+
+def sweep_values(kind: str, task: str) -> tuple[str, list[tuple[str, Any]]]:
+    """The swept field and its ``(run name, value)`` pairs."""
+    if kind == "variants":
+        return "variant", [(v, v) for v in LAB_VARIANTS]
+    if kind == "data":
+        return "data", [(d, d) for d in TASK_DATA[task]]
+    if kind == "length":
+        return "seq_len", [(f"T{t}", t) for t in LENGTHS]
+    if kind == "depth":
+        return "layers", [(f"L{n}", n) for n in DEPTHS]
+    raise SinklabError(f"unknown sweep {kind!r}; use one of: {', '.join(SWEEP_KINDS)}")
+
+
 COLUMNS = (
     "name",
     "sink_rate@0.3",
@@ -47,18 +75,28 @@ class SweepResult:
 
     def table(self) -> str:
         """The rows as a Markdown table."""
-        lines = ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
+        cols = list(COLUMNS)
+        if self.base.task == "backcopy":
+            cols[3:3] = ["sink_token", *BACKCOPY_COLUMNS]
+        cols.append("seconds")
+        lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
         for r in self.rows:
-            cells = [r["name"]] + [f"{r[c]:.3f}" for c in COLUMNS[1:]]
+            cells = [r["name"]] + [_cell(r.get(c)) for c in cols[1:]]
             lines.append("| " + " | ".join(cells) + " |")
         return "\n".join(lines)
+
+
+def _cell(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:.1f}" if abs(value) >= 100 else f"{value:.3f}"
+    return "-" if value is None else repr(value) if isinstance(value, str) else str(value)
 
 
 def summary_row(name: str, result: TrainResult) -> dict[str, Any]:
     """The comparison numbers of one run (its last checkpoint and its validation)."""
     last = result.checkpoints[-1]
     tail = [v for _, v in result.loss[-20:]]
-    return {
+    row = {
         "name": name,
         **{f"sink_rate@{k}": v for k, v in last["sink_rate"].items()},
         "first_token_sink_mass": last["first_token_sink_mass"],
@@ -66,6 +104,15 @@ def summary_row(name: str, result: TrainResult) -> dict[str, Any]:
         "final_loss": sum(tail) / len(tail),
         "seconds": result.meta.get("seconds"),
     }
+    if "backcopy" in last:  # the chosen head's numbers at the last checkpoint
+        bc = last["backcopy"]
+        row.update({k: bc[k] for k in BACKCOPY_COLUMNS})
+        row.update(
+            head=bc["head"], sink_token=bc["sink_token"], gate_nontrigger=bc["gate_nontrigger"]
+        )
+        row["null_mass_nontrigger"] = bc["null_mass_nontrigger"]
+        row["bos_value_norm"] = bc["bos_value_norm"]
+    return row
 
 
 def run_sweep(
@@ -76,43 +123,52 @@ def run_sweep(
     callback: Callable[[str, int, float], None] | None = None,
 ) -> SweepResult:
     """Train every value of the swept field (``out/<value>/``) and write the comparison."""
-    if kind not in SWEEPS:
-        raise SinklabError(f"unknown sweep {kind!r}; use one of: {', '.join(SWEEPS)}")
     t0 = time.perf_counter()
-    field_name, values = SWEEPS[kind]
+    field_name, values = sweep_values(kind, base.task)
     rows: list[dict[str, Any]] = []
-    # one tokenizer for the sweep; train() re-cuts the documents when the strategy differs
-    data = LabData(replace(base, **{field_name: values[0]}).data_config())
-    for value in values:
+    results: list[TrainResult] = []
+    # one tokenizer (text: train() re-cuts the documents per strategy) or one bigram table
+    first = replace(base, **{field_name: values[0][1]})
+    data: LabData | BackcopyData
+    if base.task == "backcopy":
+        data = BackcopyData(first.backcopy_config())
+    else:
+        data = LabData(first.data_config())
+    for name, value in values:
         config = replace(base, **{field_name: value})
 
-        def step_cb(step: int, loss: float, _v: str = value) -> None:
+        def step_cb(step: int, loss: float, _v: str = name) -> None:
             if callback is not None:
                 callback(_v, step, loss)
 
-        prior = load_result(out / value)
+        prior = load_result(out / name)
         if prior is not None and prior.config == config:  # resume: this run is already done
-            log.info("reusing the finished run in %s", out / value)
+            log.info("reusing the finished run in %s", out / name)
             result = prior
             if prior.loss:  # show it as done
                 step_cb(*prior.loss[-1])
         else:  # each run is written whole: an interrupted one leaves no half folder
-            with output_dir(out / value, "train") as folder:
+            with output_dir(out / name, "train") as folder:
                 result = train(config, folder, data=data, callback=step_cb)
-            result.out = out / value
-        rows.append(summary_row(value, result))
+            result.out = out / name
+        rows.append(summary_row(name, result))
+        results.append(result)
     meta = build_meta(params=base, seconds=time.perf_counter() - t0, swept=field_name)
     sweep = SweepResult(kind, base, rows, meta)
-    write_outputs(sweep, out)
+    write_outputs(sweep, out, results)
     return sweep
 
 
-def write_outputs(sweep: SweepResult, out: Path) -> None:
-    from sinklab.lab.plots import plot_sweep
+def write_outputs(sweep: SweepResult, out: Path, results: list[TrainResult]) -> None:
+    from sinklab.lab.plots import plot_emergence_curves, plot_sweep
 
     b = sweep.base
     fixed = "data " + b.data if sweep.kind == "variants" else "variant " + b.variant
-    title = f"{sweep.kind} ({fixed}, {b.steps} steps, seed {b.seed})"
+    title = f"{b.task} {sweep.kind} ({fixed}, {b.steps} steps, seed {b.seed})"
     write_json_atomic(out / "sweep.json", sweep.to_json())
     (out / "sweep.md").write_text(f"# sweep: {title}\n\n{sweep.table()}\n", encoding="utf-8")
-    plot_sweep(sweep.rows, out / "sweep_compare.png", title=title)
+    if b.task == "backcopy":
+        curves = {r["name"]: res.checkpoints for r, res in zip(sweep.rows, results, strict=True)}
+        plot_emergence_curves(curves, out / "sweep_emergence.png", title=title)
+    else:
+        plot_sweep(sweep.rows, out / "sweep_compare.png", title=title)

@@ -1,5 +1,8 @@
 """Train one lab decoder, deterministically for a seed, probing sinks at every checkpoint.
 
+Two tasks: ``text`` (the plays, BPE tokens, a data strategy of :mod:`sinklab.lab.data`) and
+``backcopy`` (:mod:`sinklab.lab.backcopy`, online bigram-backcopy sequences; every checkpoint also
+records ``backcopy``, :func:`sinklab.lab.backcopy_metrics.backcopy_summary`).
 :func:`train` returns a :class:`TrainResult` (config, loss curve, one probe summary per
 checkpoint, validation perplexity with and without the first token, ``meta``) and writes
 ``train.json``, ``loss.png`` and ``sinks.png`` (each beside the JSON of its numbers) and the
@@ -22,6 +25,8 @@ import torch
 import torch.nn.functional as F
 
 from sinklab.errors import SinklabError
+from sinklab.lab.backcopy import BACKCOPY_DATA, BackcopyConfig, BackcopyData, backcopy_validation
+from sinklab.lab.backcopy_metrics import backcopy_summary
 from sinklab.lab.data import DATA_STRATEGIES, DataConfig, LabData
 from sinklab.lab.model import LAB_VARIANTS, LabConfig, LabForCausalLM
 from sinklab.meta import build_meta, write_json_atomic
@@ -30,12 +35,17 @@ from sinklab.probe import ProbeConfig, probe
 log = logging.getLogger(__name__)
 
 EPS = (0.3, 0.8)  # sink-head thresholds (Gu et al., Barbero et al.), docs/metrics.md#q0-eps
+TASKS = ("text", "backcopy")
+TASK_DATA = {"text": DATA_STRATEGIES, "backcopy": BACKCOPY_DATA}
+BACKCOPY_PROBE_SEQUENCES = 16  # held-out sequences each checkpoint's backcopy metrics read
 
 
 @dataclass(frozen=True)
 class TrainConfig:
-    """One training run. Defaults (the ``cpu`` preset) take a few minutes on 2 CPU cores."""
+    """One training run. Defaults: the ``cpu`` preset of the ``text`` task (see :data:`PRESETS`
+    for each task's defaults); a few minutes on 2 CPU cores."""
 
+    task: str = "text"  # "text" (the plays) or "backcopy" (Guo et al. 2024)
     variant: str = "softmax"
     data: str = "bos"
     steps: int = 1200
@@ -54,15 +64,19 @@ class TrainConfig:
     eval_windows: int = 64  # held-out windows for the final perplexities
     max_docs: int | None = None  # tests: keep the first N documents
     keep_checkpoints: bool = True  # save weights of every checkpoint (the final one always)
+    n_triggers: int = 3  # backcopy: the most frequent characters are the triggers
 
     def __post_init__(self) -> None:
+        if self.task not in TASKS:
+            raise SinklabError(f"unknown task {self.task!r}; use one of: {', '.join(TASKS)}")
         if self.variant not in LAB_VARIANTS:
             raise SinklabError(
                 f"unknown variant {self.variant!r}; use one of: {', '.join(LAB_VARIANTS)}"
             )
-        if self.data not in DATA_STRATEGIES:
+        if self.data not in TASK_DATA[self.task]:
             raise SinklabError(
-                f"unknown data strategy {self.data!r}; use one of: {', '.join(DATA_STRATEGIES)}"
+                f"unknown data {self.data!r} for task {self.task}; use one of: "
+                f"{', '.join(TASK_DATA[self.task])}"
             )
         for name, lo in (("steps", 1), ("layers", 1), ("heads", 1), ("batch_size", 1)):
             if getattr(self, name) < lo:
@@ -78,6 +92,8 @@ class TrainConfig:
             raise SinklabError(f"--lr must be in (0, 1), got {self.lr}")
         if self.n_checkpoints < 1 or self.eval_windows < 1:
             raise SinklabError("n_checkpoints and eval_windows must be >= 1")
+        if self.n_triggers < 1:
+            raise SinklabError(f"--n-triggers must be >= 1, got {self.n_triggers}")
 
     def data_config(self) -> DataConfig:
         return DataConfig(
@@ -87,7 +103,25 @@ class TrainConfig:
             max_docs=self.max_docs,
         )
 
+    def backcopy_config(self) -> BackcopyConfig:
+        return BackcopyConfig(
+            seq_len=self.seq_len, bos=self.data == "bos", n_triggers=self.n_triggers
+        )
 
+
+# The backcopy CPU default grows a sink in a 1-layer, 1-head decoder in about a minute on
+# 2 cores (the issue author's measured setting; benchmarks/results/2026-12-01 has the timings).
+BACKCOPY_CPU: dict[str, Any] = {
+    "steps": 600,
+    "layers": 1,
+    "heads": 1,
+    "d_model": 128,
+    "seq_len": 128,
+    "batch_size": 64,
+    "lr": 1e-3,
+    "warmup": 30,
+    "weight_decay": 0.0,
+}
 PRESETS: dict[str, dict[str, Any]] = {
     "cpu": {},
     # ~30M parameters, 512-token context: minutes on one modern GPU
@@ -104,13 +138,33 @@ PRESETS: dict[str, dict[str, Any]] = {
         "vocab_size": 4096,
     },
 }
+TASK_PRESETS: dict[str, dict[str, dict[str, Any]]] = {
+    "text": PRESETS,
+    "backcopy": {
+        "cpu": BACKCOPY_CPU,
+        # 4 layers x 8 heads, T 512: the backcopy sweeps at GPU scale
+        "gpu": {
+            **BACKCOPY_CPU,
+            "steps": 3000,
+            "layers": 4,
+            "heads": 8,
+            "d_model": 512,
+            "seq_len": 512,
+            "batch_size": 128,
+            "device": "cuda",
+        },
+    },
+}
 
 
 def preset(name: str, **overrides: Any) -> TrainConfig:
-    """A :class:`TrainConfig` from a named preset (``cpu``, ``gpu``) with overrides."""
-    if name not in PRESETS:
-        raise SinklabError(f"unknown preset {name!r}; use one of: {', '.join(PRESETS)}")
-    return TrainConfig(**{**PRESETS[name], **overrides})
+    """A :class:`TrainConfig` from a named preset (``cpu``, ``gpu``) of ``overrides["task"]``
+    (default ``text``), with overrides."""
+    task = overrides.get("task", "text")
+    presets = TASK_PRESETS.get(task, PRESETS)
+    if name not in presets:
+        raise SinklabError(f"unknown preset {name!r}; use one of: {', '.join(presets)}")
+    return TrainConfig(**{**presets[name], **overrides})
 
 
 def checkpoint_steps(steps: int, n: int) -> list[int]:
@@ -203,11 +257,11 @@ def validation(model: torch.nn.Module, data: LabData, n: int, device: str) -> di
     return {"ppl_with_first": ppl_w, "ppl_without_first": ppl_wo, "damage": ppl_wo / ppl_w - 1}
 
 
-def build_model(config: TrainConfig) -> LabForCausalLM:
-    """A fresh lab decoder for ``config``, seeded."""
+def build_model(config: TrainConfig, vocab_size: int | None = None) -> LabForCausalLM:
+    """A fresh lab decoder for ``config`` (``vocab_size``: the data's, else the config's)."""
     torch.manual_seed(config.seed)
     model_config = LabConfig(
-        vocab_size=config.vocab_size,
+        vocab_size=vocab_size or config.vocab_size,
         hidden_size=config.d_model,
         num_hidden_layers=config.layers,
         num_attention_heads=config.heads,
@@ -217,17 +271,46 @@ def build_model(config: TrainConfig) -> LabForCausalLM:
     return LabForCausalLM(model_config)
 
 
+def _prepare(config: TrainConfig, data: Any) -> tuple[Any, int, Callable[[int], dict], dict]:
+    """The task's data, vocabulary size, ``batch(step)`` and the held-out probe inputs."""
+    if config.task == "backcopy":
+        if not isinstance(data, BackcopyData) or data.config != config.backcopy_config():
+            data = BackcopyData(config.backcopy_config())
+        ids, copied = data.held_out(BACKCOPY_PROBE_SEQUENCES, config.seed)
+
+        def batch(step: int) -> dict:
+            return data.batch(step, config.batch_size, config.seed)
+
+        probe_in = {"ids": ids, "copied": copied, "first": ids[0]}
+        return data, data.table.vocab_size, batch, probe_in
+    if not isinstance(data, LabData) or data.config != config.data_config():
+        tokenizer = data.tokenizer if isinstance(data, LabData) else None
+        data = LabData(config.data_config(), tokenizer=tokenizer)
+    if len(data.tokenizer) > config.vocab_size:
+        raise SinklabError(
+            f"tokenizer has {len(data.tokenizer)} tokens > vocab {config.vocab_size}"
+        )
+    order = data.batch_order(config.steps, config.batch_size, config.seed)
+    prefix, text = data.eval_windows(1)
+    first = torch.cat([prefix, text[0]])  # (T,) the training format
+
+    def text_batch(step: int) -> dict:
+        return data.batch(order[step])
+
+    return data, config.vocab_size, text_batch, {"first": first}
+
+
 def train(
     config: TrainConfig,
     out: Path | None = None,
     *,
-    data: LabData | None = None,
+    data: LabData | BackcopyData | None = None,
     callback: Callable[[int, float], None] | None = None,
 ) -> TrainResult:
     """Train, probe each checkpoint, evaluate; write outputs under ``out`` when given.
 
-    ``data`` lets sweeps reuse one tokenizer (its strategy must match ``config.data``);
-    ``callback(step, loss)`` is called after every step.
+    ``data`` lets sweeps reuse one tokenizer (text) or bigram table (backcopy); it is rebuilt
+    when it does not match ``config``. ``callback(step, loss)`` is called after every step.
     """
     if config.device == "cuda" and not torch.cuda.is_available():
         raise SinklabError("--device cuda but no CUDA device is visible; use --device cpu")
@@ -235,17 +318,10 @@ def train(
 
     hf_logging.disable_progress_bar()  # the CLI shows its own progress
     t0 = time.perf_counter()
-    if data is None or data.config != config.data_config():
-        data = LabData(config.data_config(), tokenizer=data.tokenizer if data else None)
-    if len(data.tokenizer) > config.vocab_size:
-        raise SinklabError(
-            f"tokenizer has {len(data.tokenizer)} tokens > vocab {config.vocab_size}"
-        )
-    model = build_model(config).to(config.device)
+    data, vocab_size, get_batch, probe_in = _prepare(config, data)
+    model = build_model(config, vocab_size).to(config.device)
     opt = _optimizer(model, config)
-    order = data.batch_order(config.steps, config.batch_size, config.seed)
-    prefix, text = data.eval_windows(1)
-    probe_ids = torch.cat([prefix, text[0]]).to(config.device)  # (T,) the training format
+    probe_ids = probe_in["first"].to(config.device)
     schedule = set(checkpoint_steps(config.steps, config.n_checkpoints))
     losses: list[tuple[int, float]] = []
     checkpoints: list[dict[str, Any]] = []
@@ -253,6 +329,10 @@ def train(
     def checkpoint(step: int) -> None:
         model.eval()
         row = {"step": step, **probe_summary(model, probe_ids)}
+        if config.task == "backcopy":
+            row["backcopy"] = backcopy_summary(
+                model, probe_in["ids"], probe_in["copied"], data.table
+            )
         if out is not None and (config.keep_checkpoints or step == config.steps):
             folder = out / "checkpoints" / f"step-{step}"
             model.save_pretrained(folder)
@@ -268,7 +348,7 @@ def train(
             checkpoint(step)
         if step == config.steps:
             break
-        batch = {k: v.to(config.device) for k, v in data.batch(order[step]).items()}
+        batch = {k: v.to(config.device) for k, v in get_batch(step).items()}
         for group in opt.param_groups:
             group["lr"] = _lr_at(step, config)
         loss = model(**batch).loss
@@ -281,17 +361,30 @@ def train(
         if callback is not None:
             callback(step + 1, value)
     model.eval()
-    val = validation(model, data, config.eval_windows, config.device)
+    if config.task == "backcopy":
+        val = backcopy_validation(model, data, config.eval_windows, config.seed, config.device)
+        sizes = {
+            "n_train_tokens": config.steps * config.batch_size * config.seq_len,
+            "n_sequences": config.steps * config.batch_size,
+            "corpus": "bigram-backcopy on the characters of the embedded plays",
+            "triggers": [data.table.token(t) for t in data.table.triggers],
+        }
+    else:
+        val = validation(model, data, config.eval_windows, config.device)
+        sizes = {
+            "n_train_tokens": data.n_train_tokens,
+            "n_sequences": int(data.ids.shape[0]),
+            "corpus": "shakespeare scenes"
+            if config.max_docs is None
+            else f"first {config.max_docs} scenes",
+        }
     meta = build_meta(
         params=config,
         seconds=time.perf_counter() - t0,
         n_params=sum(p.numel() for p in model.parameters()),
-        n_train_tokens=data.n_train_tokens,
-        n_sequences=int(data.ids.shape[0]),
         probe={"q0": 0, "eps": list(EPS), "key": 0, "n_tokens": int(probe_ids.numel())},
-        corpus="shakespeare scenes"
-        if config.max_docs is None
-        else f"first {config.max_docs} scenes",
+        torch_threads=torch.get_num_threads(),
+        **sizes,
     )
     result = TrainResult(config, losses, checkpoints, val, meta, out)
     if out is not None:
@@ -304,7 +397,7 @@ def write_outputs(result: TrainResult, out: Path) -> None:
     from sinklab.lab.plots import plot_loss, plot_sink_emergence
 
     c = result.config
-    title = f"{c.variant} / {c.data}, seed {c.seed}"
+    title = f"{c.task}: {c.variant} / {c.data}, seed {c.seed}"
     write_json_atomic(out / "train.json", result.to_json())
     plot_loss(result.loss, out / "loss.png", title=title)
     plot_sink_emergence(result.checkpoints, out / "sinks.png", title=title)
