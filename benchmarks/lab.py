@@ -31,8 +31,8 @@ def main() -> int:
     torch.set_num_threads(args.threads)
 
     from sinklab.lab.cost import CostConfig, run_cost
+    from sinklab.lab.presets import preset
     from sinklab.lab.sweep import run_sweep
-    from sinklab.lab.train import preset
     from sinklab.meta import versions
 
     small = dict(

@@ -60,6 +60,13 @@ def train(
             "(1/2/4 layers) and compare."
         ),
     ] = None,
+    nproc: Annotated[
+        int,
+        typer.Option(
+            help="Processes (PyTorch DDP: gloo on CPU, nccl on CUDA), each taking an equal share "
+            "of the batch; rank 0 writes. One run only."
+        ),
+    ] = 1,
     out: Annotated[Path, typer.Option("--out", "-o", help="Output folder.")] = Path("lab-runs"),
     fmt: FormatOpt = OutputFormat.text,
 ) -> None:
@@ -69,8 +76,11 @@ def train(
     sinklab train --variant softmax1 --data packed --steps 600;
     sinklab train --preset gpu --sweep data
     """
+    from sinklab.errors import SinklabError
+    from sinklab.lab.distributed import train_distributed
+    from sinklab.lab.presets import preset as make_preset
+    from sinklab.lab.ranks import check_nproc
     from sinklab.lab.sweep import run_sweep
-    from sinklab.lab.train import preset as make_preset
     from sinklab.lab.train import train as run_train
     from sinklab.outputs import check_out, mark_in_place, output_dir
 
@@ -89,9 +99,17 @@ def train(
     config = make_preset(
         preset, task=task.value, variant=variant, data=data, seed=seed, **overrides
     )
+    check_nproc(nproc, config.batch_size)
+    if nproc > 1 and sweep is not None:
+        raise SinklabError("--nproc trains one run; drop --sweep or --nproc")
     out = check_out(out, "train")  # one run: built aside, replaces OUT whole when it finishes
     with progress(fmt is OutputFormat.text) as prog:
-        if sweep is None:
+        if nproc > 1:  # no per-step progress from the worker processes
+            with output_dir(out, "train") as folder:
+                result = train_distributed(config, folder, nproc)
+            result.out = out
+            summary = {"out": str(out), "val": result.val, "last": result.checkpoints[-1]}
+        elif sweep is None:
             bar = prog.add_task(f"{config.variant}/{config.data}", total=config.steps, status="")
             with output_dir(out, "train") as folder:
                 result = run_train(

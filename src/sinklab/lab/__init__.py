@@ -1,11 +1,15 @@
 """The lab: train tiny decoders and watch sinks form; measure what a sink costs.
 
 * :mod:`sinklab.lab.model`: ``LabConfig`` / ``LabForCausalLM`` (model type ``sinklab-tiny``),
-  attention variants softmax, softmax1, sink, gated, sigmoid through sinklab's attention seam;
+  attention variants softmax, softmax1, sink, gated, sigmoid, relu through sinklab's seam;
 * :mod:`sinklab.lab.data`: scene documents, a byte-level BPE tokenizer, strategies bos, packed,
-  packed-bos, doc-mask;
-* :mod:`sinklab.lab.train`: ``TrainConfig``, ``train`` (probe at every checkpoint), presets;
-* :mod:`sinklab.lab.sweep`: ``run_sweep("variants" | "data", ...)``;
+  packed-bos, doc-mask (task ``text``);
+* :mod:`sinklab.lab.backcopy`: the bigram-backcopy task (Guo et al. 2024), online batches;
+  :mod:`sinklab.lab.backcopy_metrics`: what each head does at trigger / non-trigger queries;
+* :mod:`sinklab.lab.train`: ``TrainConfig``, ``train`` (probe at every checkpoint);
+  :mod:`sinklab.lab.presets`: ``preset`` (cpu / gpu, per task);
+  :mod:`sinklab.lab.distributed`: ``train_distributed`` (DDP over local processes);
+* :mod:`sinklab.lab.sweep`: ``run_sweep("variants" | "data" | "length" | "depth", ...)``;
 * :mod:`sinklab.lab.cost`: ``CostConfig``, ``run_cost``, ``fit_exponent``;
 * :mod:`sinklab.lab.plots`: loss, sink emergence, sweep comparison, cost figures.
 """

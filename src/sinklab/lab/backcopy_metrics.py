@@ -31,8 +31,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from sinklab.seam import AttentionChunk, AttentionHandler, sinklab_attention
 from sinklab.lab.backcopy import BigramTable
+from sinklab.seam import AttentionChunk, AttentionHandler, sinklab_attention
 
 HEAD_KEYS = (
     "first_token_mass_nontrigger",

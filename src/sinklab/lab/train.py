@@ -29,6 +29,7 @@ from sinklab.lab.backcopy import BACKCOPY_DATA, BackcopyConfig, BackcopyData, ba
 from sinklab.lab.backcopy_metrics import backcopy_summary
 from sinklab.lab.data import DATA_STRATEGIES, DataConfig, LabData
 from sinklab.lab.model import LAB_VARIANTS, LabConfig, LabForCausalLM
+from sinklab.lab.ranks import Ranks, check_nproc
 from sinklab.meta import build_meta, write_json_atomic
 from sinklab.probe import ProbeConfig, probe
 
@@ -42,8 +43,8 @@ BACKCOPY_PROBE_SEQUENCES = 16  # held-out sequences each checkpoint's backcopy m
 
 @dataclass(frozen=True)
 class TrainConfig:
-    """One training run. Defaults: the ``cpu`` preset of the ``text`` task (see :data:`PRESETS`
-    for each task's defaults); a few minutes on 2 CPU cores."""
+    """One training run. Defaults: the ``cpu`` preset of the ``text`` task (each task's presets:
+    :mod:`sinklab.lab.presets`); a few minutes on 2 CPU cores."""
 
     task: str = "text"  # "text" (the plays) or "backcopy" (Guo et al. 2024)
     variant: str = "softmax"
@@ -107,64 +108,6 @@ class TrainConfig:
         return BackcopyConfig(
             seq_len=self.seq_len, bos=self.data == "bos", n_triggers=self.n_triggers
         )
-
-
-# The backcopy CPU default grows a sink in a 1-layer, 1-head decoder in about a minute on
-# 2 cores (the issue author's measured setting; benchmarks/results/2026-12-01 has the timings).
-BACKCOPY_CPU: dict[str, Any] = {
-    "steps": 600,
-    "layers": 1,
-    "heads": 1,
-    "d_model": 128,
-    "seq_len": 128,
-    "batch_size": 64,
-    "lr": 1e-3,
-    "warmup": 30,
-    "weight_decay": 0.0,
-}
-PRESETS: dict[str, dict[str, Any]] = {
-    "cpu": {},
-    # ~30M parameters, 512-token context: minutes on one modern GPU
-    "gpu": {
-        "steps": 5000,
-        "layers": 8,
-        "d_model": 512,
-        "heads": 8,
-        "seq_len": 512,
-        "batch_size": 64,
-        "lr": 1e-3,
-        "warmup": 300,
-        "device": "cuda",
-        "vocab_size": 4096,
-    },
-}
-TASK_PRESETS: dict[str, dict[str, dict[str, Any]]] = {
-    "text": PRESETS,
-    "backcopy": {
-        "cpu": BACKCOPY_CPU,
-        # 4 layers x 8 heads, T 512: the backcopy sweeps at GPU scale
-        "gpu": {
-            **BACKCOPY_CPU,
-            "steps": 3000,
-            "layers": 4,
-            "heads": 8,
-            "d_model": 512,
-            "seq_len": 512,
-            "batch_size": 128,
-            "device": "cuda",
-        },
-    },
-}
-
-
-def preset(name: str, **overrides: Any) -> TrainConfig:
-    """A :class:`TrainConfig` from a named preset (``cpu``, ``gpu``) of ``overrides["task"]``
-    (default ``text``), with overrides."""
-    task = overrides.get("task", "text")
-    presets = TASK_PRESETS.get(task, PRESETS)
-    if name not in presets:
-        raise SinklabError(f"unknown preset {name!r}; use one of: {', '.join(presets)}")
-    return TrainConfig(**{**presets[name], **overrides})
 
 
 def checkpoint_steps(steps: int, n: int) -> list[int]:
@@ -306,11 +249,15 @@ def train(
     *,
     data: LabData | BackcopyData | None = None,
     callback: Callable[[int, float], None] | None = None,
+    ranks: Ranks | None = None,
 ) -> TrainResult:
     """Train, probe each checkpoint, evaluate; write outputs under ``out`` when given.
 
     ``data`` lets sweeps reuse one tokenizer (text) or bigram table (backcopy); it is rebuilt
     when it does not match ``config``. ``callback(step, loss)`` is called after every step.
+    ``ranks``: this process's place in a DDP run (:mod:`sinklab.lab.distributed`, the process
+    group already initialised): it trains on its slice of each global batch; only rank 0
+    probes, evaluates and writes (the other ranks return their loss curve only).
     """
     if config.device == "cuda" and not torch.cuda.is_available():
         raise SinklabError("--device cuda but no CUDA device is visible; use --device cpu")
@@ -320,6 +267,11 @@ def train(
     t0 = time.perf_counter()
     data, vocab_size, get_batch, probe_in = _prepare(config, data)
     model = build_model(config, vocab_size).to(config.device)
+    ranks = ranks or Ranks()
+    lead, net = ranks.rank == 0, model
+    if ranks.world > 1:
+        check_nproc(ranks.world, config.batch_size)
+        net = torch.nn.parallel.DistributedDataParallel(model)  # averages gradients over ranks
     opt = _optimizer(model, config)
     probe_ids = probe_in["first"].to(config.device)
     schedule = set(checkpoint_steps(config.steps, config.n_checkpoints))
@@ -344,23 +296,30 @@ def train(
 
     model.train()
     for step in range(config.steps + 1):
-        if step in schedule:
+        if step in schedule and lead:
             checkpoint(step)
         if step == config.steps:
             break
-        batch = {k: v.to(config.device) for k, v in get_batch(step).items()}
+        rows = ranks.rows(config.batch_size)
+        batch = {k: v[rows].to(config.device) for k, v in get_batch(step).items()}
         for group in opt.param_groups:
             group["lr"] = _lr_at(step, config)
-        loss = model(**batch).loss
+        loss = net(**batch).loss
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         value = loss.item()
+        if ranks.world > 1:  # the whole batch's loss: the mean over equal slices
+            total = loss.detach().clone()
+            torch.distributed.all_reduce(total)
+            value = total.item() / ranks.world
         losses.append((step + 1, value))
         if callback is not None:
             callback(step + 1, value)
     model.eval()
+    if not lead:
+        return TrainResult(config, losses, [], {}, {}, None)
     if config.task == "backcopy":
         val = backcopy_validation(model, data, config.eval_windows, config.seed, config.device)
         sizes = {

@@ -1,0 +1,67 @@
+"""Named defaults for :class:`sinklab.lab.train.TrainConfig`, per task: ``cpu`` (minutes on 2
+cores) and ``gpu``. :func:`preset` builds a config from one, with overrides."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sinklab.errors import SinklabError
+from sinklab.lab.train import TrainConfig
+
+# The backcopy CPU default: a 1-layer, 1-head decoder that grows a first-token sink (mass 0.44
+# at non-trigger queries after 300 steps of this setting, measured) in about 10-20 CPU-seconds:
+# far under 3 minutes on 2 cores even when they are shared (docs/lab.md#backcopy).
+BACKCOPY_CPU: dict[str, Any] = {
+    "steps": 600,
+    "layers": 1,
+    "heads": 1,
+    "d_model": 64,
+    "seq_len": 64,
+    "batch_size": 32,
+    "lr": 3e-3,
+    "warmup": 10,
+    "weight_decay": 0.0,
+}
+PRESETS: dict[str, dict[str, Any]] = {
+    "cpu": {},
+    # ~30M parameters, 512-token context: minutes on one modern GPU
+    "gpu": {
+        "steps": 5000,
+        "layers": 8,
+        "d_model": 512,
+        "heads": 8,
+        "seq_len": 512,
+        "batch_size": 64,
+        "lr": 1e-3,
+        "warmup": 300,
+        "device": "cuda",
+        "vocab_size": 4096,
+    },
+}
+TASK_PRESETS: dict[str, dict[str, dict[str, Any]]] = {
+    "text": PRESETS,
+    "backcopy": {
+        "cpu": BACKCOPY_CPU,
+        # 4 layers x 8 heads, T 512: the backcopy sweeps at GPU scale
+        "gpu": {
+            **BACKCOPY_CPU,
+            "steps": 3000,
+            "layers": 4,
+            "heads": 8,
+            "d_model": 512,
+            "seq_len": 512,
+            "batch_size": 128,
+            "device": "cuda",
+        },
+    },
+}
+
+
+def preset(name: str, **overrides: Any) -> TrainConfig:
+    """A :class:`TrainConfig` from a named preset (``cpu``, ``gpu``) of ``overrides["task"]``
+    (default ``text``), with overrides."""
+    task = overrides.get("task", "text")
+    presets = TASK_PRESETS.get(task, PRESETS)
+    if name not in presets:
+        raise SinklabError(f"unknown preset {name!r}; use one of: {', '.join(presets)}")
+    return TrainConfig(**{**presets[name], **overrides})
