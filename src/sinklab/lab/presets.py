@@ -9,10 +9,10 @@ from sinklab.errors import SinklabError
 from sinklab.lab.train import TrainConfig
 
 # The backcopy CPU default: a 1-layer, 1-head decoder that grows a first-token sink (mass 0.44
-# at non-trigger queries after 300 steps of this setting, measured) in about 10-20 CPU-seconds:
-# far under 3 minutes on 2 cores even when they are shared (docs/lab.md#backcopy).
+# at non-trigger queries after these 300 steps, measured) in about 9 CPU-seconds: far under
+# 3 minutes on 2 cores even when they are shared (docs/lab.md#backcopy).
 BACKCOPY_CPU: dict[str, Any] = {
-    "steps": 600,
+    "steps": 300,
     "layers": 1,
     "heads": 1,
     "d_model": 64,
