@@ -113,3 +113,15 @@ def test_stream_worker_methods_agree(bench, tmp_path, tiny_model_dir, policy):
     assert got["step"]["targets"] == got["chunked"]["targets"]
     for a, b in zip(got["step"]["nll"], got["chunked"]["nll"], strict=True):
         assert abs(a - b) <= 2e-4
+
+
+def test_stream_methods_agreement_on_the_step_prefix():
+    spec = importlib.util.spec_from_file_location(
+        "stream_methods", BENCH.parent / "stream_methods.py"
+    )
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    got = module.agreement([1.0, 2.0, float("nan")], [1.0, 2.5, 3.0, 4.0])
+    assert got["n_targets"] == 2 and got["max_abs_dnll"] == 0.5
+    assert got["ppl_step"] == pytest.approx(math.exp(1.5))
+    assert got["ppl_chunked"] == pytest.approx(math.exp(1.75))
