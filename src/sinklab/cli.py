@@ -44,9 +44,20 @@ def _root() -> None:
 
 
 def _register_commands() -> None:
-    from sinklab.commands import ablate, chat, cost, generate, info, probe, report, stream, train
+    from sinklab.commands import (
+        ablate,
+        chat,
+        claims,
+        cost,
+        generate,
+        info,
+        probe,
+        report,
+        stream,
+        train,
+    )
 
-    for module in (info, probe, stream, generate, chat, ablate, report, cost, train):
+    for module in (info, probe, stream, generate, chat, ablate, report, cost, train, claims):
         module.register(app)
     for command in app.registered_commands:
         command.callback = _guard_stdout(command.callback)

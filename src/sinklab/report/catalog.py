@@ -233,9 +233,11 @@ def _cost_lengths(c: ReportConfig) -> float:
 def all_stages() -> list[Stage]:
     """Every stage, in page order."""
     from sinklab.report.catalog_ablate import ablation_stages
+    from sinklab.report.catalog_claims import claims_stage
     from sinklab.report.catalog_stream import stream_stage
 
     return [
+        claims_stage(),
         Stage(
             "probe",
             "Probe: where attention goes",

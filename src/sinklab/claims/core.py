@@ -1,0 +1,277 @@
+"""``run_claims(...) -> ClaimsResult``: measure every claim, apply the one rule, one row each.
+
+Samples on a model are text windows: ``windows`` consecutive windows of each text in ``texts``
+(docs/claims.md). The rule (bootstrap interval and verdict) is :mod:`sinklab.claims.rules`; the
+claims' definitions are :data:`sinklab.claims.registry.CLAIMS`.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from sinklab.claims.measure_lab import LAB_CLAIMS, measure_cost, measure_lab
+from sinklab.claims.measure_model import (
+    Measurement,
+    Sample,
+    measure_density,
+    measure_geometry,
+    measure_probe,
+    measure_sensitivity,
+    measure_stream,
+)
+from sinklab.claims.registry import CLAIM_IDS, CLAIMS, Claim
+from sinklab.claims.rules import MIN_SAMPLES, N_RESAMPLES, decide
+from sinklab.errors import SinklabError
+
+log = logging.getLogger(__name__)
+
+DEFAULT_TEXTS = ("shakespeare:hamlet", "shakespeare:macbeth", "shakespeare:othello")
+#: callback(done, total, label)
+ClaimsCallback = Callable[[int, int, str], None]
+_GROUPS = {  # measurement group -> the claims it measures (one pass over the samples each)
+    "probe": ("first-token-sinks", "sink-value-small", "sink-output-small"),
+    "stream": ("evict-sinks-collapse",),
+    "sensitivity": ("sink-stops-mixing",),
+    "geometry": ("first-token-cosine",),
+    "density": ("density-oversmooths",),
+}
+
+
+@dataclass(frozen=True)
+class ClaimsConfig:
+    """Sizes of every protocol (defaults: SmolLM2 in a few minutes on 2 cores)."""
+
+    texts: tuple[str, ...] = DEFAULT_TEXTS
+    windows: int = 1  # consecutive windows per text: samples = len(texts) * windows
+    claims: tuple[str, ...] | None = None  # None = every claim
+    q0: int = 16
+    eps: float = 0.3
+    probe_tokens: int = 256  # probe, geometry, density
+    stream_tokens: int = 320
+    n_sink: int = 4
+    window: int = 60
+    sensitivity_tokens: int = 128
+    grid: int = 4
+    probes: int = 4
+    density_lam: float = 0.5
+    cost_lengths: tuple[int, ...] = (16, 32, 64)
+    cost_seeds: int = 3
+    cost_steps: int = 300  # Adam steps per radius (sinklab cost --steps)
+    lab: str | None = None  # folder of lab runs (train.json files)
+    seed: int = 0  # bootstrap and sensitivity probes
+
+    def __post_init__(self) -> None:
+        if not self.texts or any(not str(t).strip() for t in self.texts):
+            raise SinklabError("--texts is empty; pass comma-separated texts, e.g. a,b,c")
+        if self.claims is not None:
+            bad = [c for c in self.claims if c not in CLAIM_IDS]
+            if bad or not self.claims:
+                raise SinklabError(
+                    f"unknown claim(s) {', '.join(bad) or '(none)'}; choose from: "
+                    f"{', '.join(CLAIM_IDS)}"
+                )
+        for name in ("windows", "grid", "probes", "cost_seeds", "cost_steps"):
+            if getattr(self, name) < 1:
+                raise SinklabError(f"{name} must be >= 1, got {getattr(self, name)}")
+        for name in ("probe_tokens", "stream_tokens", "sensitivity_tokens"):
+            if getattr(self, name) < 8:
+                raise SinklabError(f"{name} must be >= 8, got {getattr(self, name)}")
+        if not 0 <= self.q0 < self.probe_tokens:
+            raise SinklabError(f"q0 must be in [0, {self.probe_tokens}), got {self.q0}")
+        if not 0.0 < self.eps < 1.0:
+            raise SinklabError(f"eps must be in (0, 1), got {self.eps}")
+        if self.n_sink < 1 or self.window < 1:
+            raise SinklabError("n_sink and window must be >= 1")
+        if not 0.0 < self.density_lam <= 1.0:
+            raise SinklabError(f"density_lam must be in (0, 1], got {self.density_lam}")
+        if self.grid > self.sensitivity_tokens:
+            raise SinklabError(f"grid {self.grid} exceeds sensitivity_tokens")
+        if len(self.cost_lengths) < 2 or min(self.cost_lengths) < 4:
+            raise SinklabError("cost_lengths needs >= 2 lengths, each >= 4 (e.g. 16,32,64)")
+
+    @property
+    def window_tokens(self) -> int:
+        """Tokens per text window: enough for the longest protocol."""
+        return max(self.probe_tokens, self.stream_tokens, self.sensitivity_tokens)
+
+    def wanted(self) -> tuple[str, ...]:
+        return self.claims or CLAIM_IDS
+
+
+@dataclass
+class ClaimRow:
+    claim: Claim
+    measurement: Measurement
+    interval: Any  # rules.Interval | None
+    verdict: str
+    reason: str
+
+    def to_json(self) -> dict[str, Any]:
+        c, iv = self.claim, self.interval
+        n_valid = 0 if iv is None else iv.n
+        return {
+            "id": c.id,
+            "statement": c.statement,
+            "paper": c.paper,
+            "seed": c.seed,
+            "protocol": c.protocol,
+            "effect_definition": c.effect,
+            "site": c.site,
+            "direction": c.direction,
+            "threshold": c.threshold,
+            "source": c.source,
+            "effect": None if iv is None else iv.mean,
+            "interval": None if iv is None else [iv.low, iv.high],
+            "n_samples": len(self.measurement.samples),
+            "n_valid": n_valid,
+            "verdict": self.verdict,
+            "reason": self.reason,
+            "samples": self.measurement.samples,
+            "sizes": self.measurement.sizes,
+        }
+
+
+@dataclass
+class ClaimsResult:
+    config: ClaimsConfig
+    rows: list[ClaimRow]
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "meta": self.meta,
+            "rule": {
+                "interval": f"percentile bootstrap of the mean, {N_RESAMPLES} resamples, 95 %",
+                "min_samples": MIN_SAMPLES,
+                "docs": "docs/claims.md",
+            },
+            "claims": [r.to_json() for r in self.rows],
+        }
+
+
+def text_samples(tokenizer: Any, config: ClaimsConfig, max_positions: int | None) -> list[Sample]:
+    """``windows`` consecutive windows of ``window_tokens`` of each text: [(name, ids (T,))]."""
+    from sinklab.corpus import load_text, token_stream
+
+    n = config.window_tokens if not max_positions else min(config.window_tokens, max_positions)
+    samples = []
+    for spec in config.texts:
+        text = load_text(spec)
+        ids = token_stream(text, tokenizer, n * config.windows)
+        for k in range(config.windows):
+            name = spec if config.windows == 1 else f"{spec}#{k}"
+            samples.append((name, ids[k * n : (k + 1) * n]))
+    return samples
+
+
+def _cap(config: ClaimsConfig, max_positions: int | None) -> ClaimsConfig:
+    if not max_positions:
+        return config
+    from dataclasses import replace
+
+    sizes = ("probe_tokens", "stream_tokens", "sensitivity_tokens")
+    return replace(config, **{k: min(getattr(config, k), max_positions) for k in sizes})
+
+
+def run_claims(
+    model: nn.Module | None,
+    tokenizer: Any,
+    config: ClaimsConfig | None = None,
+    *,
+    samples: Sequence[Sample] | None = None,
+    max_positions: int | None = None,
+    callback: ClaimsCallback | None = None,
+) -> ClaimsResult:
+    """Measure the wanted claims and decide each by the rule of docs/claims.md.
+
+    ``samples`` overrides the text windows (``[(name, ids (T,))]``); ``callback(done, total,
+    label)`` counts (group, sample) steps. Model claims need ``model``; lab claims read
+    ``config.lab``; the cost claim needs neither.
+    """
+    config = _cap(config or ClaimsConfig(), max_positions)
+    wanted = config.wanted()
+    groups = [g for g, ids in _GROUPS.items() if any(c in wanted for c in ids)]
+    if groups and model is None:
+        raise SinklabError("the model claims need a model; pass --model or choose lab claims")
+    if groups and samples is None:
+        samples = text_samples(tokenizer, config, max_positions)
+    samples = list(samples or [])
+    total = len(groups) * len(samples) + (config.cost_seeds if "sink-cheaper" in wanted else 0)
+    done = 0
+    start = time.perf_counter()
+
+    def tick(label: str) -> None:
+        nonlocal done
+        done += 1
+        if callback is not None:
+            callback(done, total, label)
+
+    measured: dict[str, Measurement] = {}
+    seconds: dict[str, float] = {}
+    runners: dict[str, Callable[[], dict[str, Measurement]]] = {
+        "probe": lambda: measure_probe(model, samples, config, tick),
+        "stream": lambda: measure_stream(model, samples, config, tick),
+        "sensitivity": lambda: measure_sensitivity(model, tokenizer, samples, config, tick),
+        "geometry": lambda: measure_geometry(model, samples, config, tick),
+        "density": lambda: measure_density(model, samples, config, tick),
+    }
+    for g in groups:
+        t0 = time.perf_counter()
+        with torch.no_grad() if g != "sensitivity" else _nullcontext():
+            measured.update(runners[g]())
+        seconds[g] = round(time.perf_counter() - t0, 2)
+    if "sink-cheaper" in wanted:
+        t0 = time.perf_counter()
+        measured.update(measure_cost(config, tick))
+        seconds["cost"] = round(time.perf_counter() - t0, 2)
+    lab_wanted = [c for c in wanted if c in LAB_CLAIMS]
+    if lab_wanted:
+        measured.update(measure_lab(Path(config.lab) if config.lab else None, lab_wanted))
+    rows = []
+    for claim in CLAIMS:
+        if claim.id not in wanted:
+            continue
+        m = measured[claim.id]
+        interval, v = decide(
+            m.effects(),
+            claim.direction,
+            claim.threshold,
+            not_measured=m.not_measured or "no sample could be measured",
+            seed=config.seed,
+        )
+        rows.append(ClaimRow(claim, m, interval, v.verdict, v.reason))
+    from sinklab.meta import build_meta
+
+    meta = build_meta(
+        params=asdict(config),
+        seconds=time.perf_counter() - start,
+        samples=[{"name": n, "tokens": int(ids.numel())} for n, ids in samples],
+        seconds_by_group=seconds,
+        sizes={
+            "window_tokens": config.window_tokens,
+            "probe_tokens": config.probe_tokens,
+            "stream_tokens": config.stream_tokens,
+            "sensitivity_tokens": config.sensitivity_tokens,
+            "cost_lengths": list(config.cost_lengths),
+            "cost_seeds": config.cost_seeds,
+            "cost_steps": config.cost_steps,
+        },
+        threads=torch.get_num_threads(),
+    )
+    return ClaimsResult(config, rows, meta)
+
+
+class _nullcontext:
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc: object) -> None:
+        return None

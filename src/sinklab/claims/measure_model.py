@@ -1,0 +1,217 @@
+"""The claims measured on a model, one number per text window each (docs/claims.md, "The claims").
+
+Every function takes the model, the samples ``[(name, ids (T,))]`` and the config, calls the
+library (probe, streaming, ablate's sensitivity experiment, geometry, the density intervention)
+and returns ``{claim_id: Measurement}``. A sample that cannot give the effect (e.g. no sink head
+on that text) has effect ``None``; a protocol the installation lacks gives a Measurement with no
+samples and the reason.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+Sample = tuple[str, Tensor]  # (name, ids (T,))
+Tick = Callable[[str], None]  # called once per (claim group, sample) done
+
+
+@dataclass
+class Measurement:
+    """A claim's samples ``[{"sample": name, "effect": x | None, ...}]``, or why there are none."""
+
+    samples: list[dict[str, Any]] = field(default_factory=list)
+    not_measured: str | None = None
+    sizes: dict[str, Any] = field(default_factory=dict)
+
+    def effects(self) -> list[float | None]:
+        return [s["effect"] for s in self.samples]
+
+
+def _geomean(xs: Sequence[float]) -> float | None:
+    xs = [float(x) for x in xs if math.isfinite(float(x)) and float(x) > 0]
+    return math.exp(sum(math.log(x) for x in xs) / len(xs)) if xs else None
+
+
+def _layer_thirds(n_layers: int) -> list[list[int]]:
+    return [[int(x) for x in c] for c in torch.arange(n_layers).tensor_split(3)]
+
+
+def _n_layers(model: nn.Module) -> int:
+    cfg = model.config.get_text_config() if hasattr(model.config, "get_text_config") else None
+    return int((cfg or model.config).num_hidden_layers)
+
+
+# --------------------------------------------------------------------------- probe
+def measure_probe(
+    model: nn.Module, samples: Sequence[Sample], cfg: Any, tick: Tick
+) -> dict[str, Measurement]:
+    """first-token-sinks, sink-value-small, sink-output-small: one probe per sample."""
+    from sinklab.probe import ProbeConfig, probe
+
+    eps = float(cfg.eps)
+    pcfg = ProbeConfig(q0=cfg.q0, eps=(eps,))
+    out = {k: Measurement() for k in ("first-token-sinks", "sink-value-small", "sink-output-small")}
+    for name, ids in samples:
+        ids = ids[: cfg.probe_tokens]
+        res = probe(model, ids, pcfg)
+        mass = res.sink_mass.double()  # (L, H)
+        sink = mass > eps
+        n_sink = int(sink.sum())
+        rate = float(sink.double().mean())
+        ratio = res.value_norm_ratio.double()[sink].tolist()
+        share = (res.sink_output_share.double()[sink] / mass[sink]).tolist()
+        common = {"sample": name, "tokens": int(ids.numel()), "sink_heads": n_sink}
+        out["first-token-sinks"].samples.append(
+            {**common, "effect": rate, "n_heads": int(mass.numel())}
+        )
+        out["sink-value-small"].samples.append({**common, "effect": _geomean(ratio)})
+        out["sink-output-small"].samples.append({**common, "effect": _geomean(share)})
+        tick("probe")
+    sizes = {"tokens": cfg.probe_tokens, "q0": cfg.q0, "eps": eps}
+    for m in out.values():
+        m.sizes = sizes
+    return out
+
+
+# --------------------------------------------------------------------------- streaming
+def measure_stream(
+    model: nn.Module, samples: Sequence[Sample], cfg: Any, tick: Tick
+) -> dict[str, Measurement]:
+    """evict-sinks-collapse: window vs sink policy, NLL on the targets after eviction starts."""
+    from sinklab.streaming import StreamConfig, streaming_perplexity
+
+    start = cfg.n_sink + cfg.window  # after reading token t >= start, the cache has evicted
+    m = Measurement(
+        sizes={
+            "tokens": cfg.stream_tokens,
+            "n_sink": cfg.n_sink,
+            "window": cfg.window,
+            "first_scored_position": start,
+            "method": StreamConfig().method if hasattr(StreamConfig(), "method") else "step",
+        }
+    )
+    if cfg.stream_tokens <= start + 1:
+        m.not_measured = (
+            f"stream_tokens {cfg.stream_tokens} leaves no target after eviction starts at {start}"
+        )
+        return {"evict-sinks-collapse": m}
+    for name, ids in samples:
+        ids = ids[: cfg.stream_tokens]
+        sc = StreamConfig(
+            policies=("window", "sink"),
+            n_sink=cfg.n_sink,
+            window=cfg.window,
+            n_tokens=int(ids.numel()),
+        )
+        res = streaming_perplexity(model, ids, sc)
+        nll = {p: torch.tensor(r.nll[start:], dtype=torch.float64) for p, r in res.policies.items()}
+        w, s = float(nll["window"].mean()), float(nll["sink"].mean())
+        m.samples.append(
+            {
+                "sample": name,
+                "effect": w - s,
+                "ppl_window": math.exp(w),
+                "ppl_sink": math.exp(s),
+                "n_targets": int(nll["sink"].numel()),
+            }
+        )
+        tick("stream")
+    return {"evict-sinks-collapse": m}
+
+
+# --------------------------------------------------------------------------- sensitivity
+def measure_sensitivity(
+    model: nn.Module, tokenizer: Any, samples: Sequence[Sample], cfg: Any, tick: Tick
+) -> dict[str, Measurement]:
+    """sink-stops-mixing: ``sinklab ablate -e sensitivity`` per sample, log of the ratio."""
+    from sinklab.ablate import AblationConfig, run_experiment
+
+    acfg = AblationConfig(grid=cfg.grid, probes=cfg.probes, positions=(0,), seed=cfg.seed)
+    m = Measurement(
+        sizes={
+            "tokens": cfg.sensitivity_tokens,
+            "grid": cfg.grid,
+            "probes": cfg.probes,
+            "masked": [0],
+        }
+    )
+    for name, ids in samples:
+        ids = ids[: cfg.sensitivity_tokens]
+        res = run_experiment("sensitivity", model, tokenizer, ids, acfg)
+        a = float(res.conditions["sink"]["mean_sensitivity"])
+        b = float(res.conditions["sink masked"]["mean_sensitivity"])
+        effect = math.log(b / a) if a > 0 and b > 0 else None
+        m.samples.append({"sample": name, "effect": effect, "sensitivity": a, "masked": b})
+        tick("sensitivity")
+    return {"sink-stops-mixing": m}
+
+
+# --------------------------------------------------------------------------- geometry, density
+def _missing(what: str, exc: ImportError) -> str:
+    return f"{what} is not available in this installation ({exc})"
+
+
+def measure_geometry(
+    model: nn.Module, samples: Sequence[Sample], cfg: Any, tick: Tick
+) -> dict[str, Measurement]:
+    """first-token-cosine: mean over the middle third of the first-token cosine at the
+    attention input (the layer's input after its own input norm)."""
+    m = Measurement(sizes={"tokens": cfg.probe_tokens})
+    try:
+        from sinklab.geometry import geometry
+    except ImportError as exc:
+        m.not_measured = _missing("geometry at the attention input (sinklab.geometry)", exc)
+        return {"first-token-cosine": m}
+    middle = _layer_thirds(_n_layers(model))[1] or list(range(_n_layers(model)))
+    m.sizes["layers"] = middle
+    for name, ids in samples:
+        geo = geometry(model, ids[: cfg.probe_tokens], sites=("attention_input",))
+        vals = geo.series("first_token_cosine", "attention_input")
+        mid = [float(vals[i]) for i in middle if vals[i] is not None]
+        effect = sum(mid) / len(mid) if mid else None
+        m.samples.append({"sample": name, "effect": effect, "by_layer": vals})
+        tick("geometry")
+    return {"first-token-cosine": m}
+
+
+def measure_density(
+    model: nn.Module, samples: Sequence[Sample], cfg: Any, tick: Tick
+) -> dict[str, Measurement]:
+    """density-oversmooths: mix the model's own weights with uniform-causal (lam) in the middle
+    third; token similarity at the attention input of the later layers, minus unmodified."""
+    m = Measurement(sizes={"tokens": cfg.probe_tokens, "protocol": "mix", "lam": cfg.density_lam})
+    try:
+        from sinklab.geometry import geometry
+        from sinklab.interventions import AttentionMix, AttentionReplace, intervene  # noqa: F401
+    except ImportError as exc:
+        m.not_measured = _missing("the density mix protocol (sinklab.geometry, AttentionMix)", exc)
+        return {"density-oversmooths": m}
+    n_layers = _n_layers(model)
+    thirds = _layer_thirds(n_layers)
+    group, after = thirds[1], thirds[2]
+    if not group or not after:
+        m.not_measured = f"{n_layers} layers: no middle group with layers after it"
+        return {"density-oversmooths": m}
+    m.sizes.update(layers=group, measured_layers=after)
+
+    def similarity(ids: Tensor, handlers: tuple) -> list[float | None]:
+        with intervene(model, *handlers):
+            geo = geometry(model, ids, sites=("attention_input",))
+        return geo.series("token_similarity", "attention_input")
+
+    for name, ids in samples:
+        ids = ids[: cfg.probe_tokens]
+        base = similarity(ids, ())
+        mixed = similarity(ids, (AttentionMix(layers=frozenset(group), lam=cfg.density_lam),))
+        pairs = [(b, x) for b, x in (zip(base, mixed, strict=True)) if b is not None]
+        diffs = [float(mixed[i]) - float(base[i]) for i in after if base[i] is not None]
+        effect = sum(diffs) / len(diffs) if diffs and pairs else None
+        m.samples.append({"sample": name, "effect": effect, "unmodified": base, "perturbed": mixed})
+        tick("density")
+    return {"density-oversmooths": m}

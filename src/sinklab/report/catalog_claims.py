@@ -1,0 +1,153 @@
+"""The report's first section: the claims table of ``sinklab claims`` (docs/claims.md), one row
+per seed claim with its effect, 95 % interval and computed verdict, and the claims figure."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sinklab.report.stages import (
+    Cell,
+    FigureSpec,
+    ReportConfig,
+    Stage,
+    StageContext,
+    StageOutput,
+    TableSpec,
+    reproduce_dir,
+)
+
+ABOUT = (
+    "Each claim of the attention-sink papers sinklab implements, measured on this model over "
+    "three texts (or text windows), with the mean effect, its bootstrap 95 % interval and the "
+    "verdict of the one rule in docs/claims.md: supported when the whole interval lies on the "
+    "claimed side of the threshold, not supported when none of it does, inconclusive otherwise "
+    "(or with fewer than 3 samples, or when the claim was not measured). Lab claims need trained "
+    "runs (sinklab claims --lab DIR); here they show as not measured."
+)
+
+
+def _params(ctx: StageContext) -> dict[str, Any]:
+    from sinklab.corpus import DEFAULT_TEXT
+
+    c = ctx.config
+    default = ctx.text_spec in (DEFAULT_TEXT, "", None)
+    p: dict[str, Any] = {
+        "texts": None if default else ctx.text_spec,
+        "windows": 1 if default else 3,
+        "tokens": ctx.cap_tokens(128 if c.quick else 256),
+        "stream_tokens": ctx.cap_tokens(160 if c.quick else 320),
+        "window": 28 if c.quick else 60,
+        "cost_seeds": 3,
+        "cost_lengths": "16,32" if c.quick else "16,32,64",
+        "cost_steps": 100 if c.quick else 300,
+        "seed": c.seed,
+    }
+    return p
+
+
+def _command(ctx: StageContext) -> list[str]:
+    p = _params(ctx)
+    cmd = ["sinklab", "claims", "--model", ctx.model_spec]
+    if p["texts"]:
+        cmd += ["--texts", p["texts"], "--windows", str(p["windows"])]
+    keys = ("tokens", "stream_tokens", "window", "cost_seeds", "cost_lengths", "cost_steps", "seed")
+    for key in keys:
+        cmd += [f"--{key.replace('_', '-')}", str(p[key])]
+    return [*cmd, "--out", reproduce_dir(ctx, "claims")]
+
+
+def _run(ctx: StageContext) -> StageOutput:
+    from sinklab.claims.core import DEFAULT_TEXTS, ClaimsConfig, run_claims
+    from sinklab.claims.plots import plot_claims
+
+    p = _params(ctx)
+    config = ClaimsConfig(
+        texts=(p["texts"],) if p["texts"] else DEFAULT_TEXTS,
+        windows=p["windows"],
+        probe_tokens=p["tokens"],
+        stream_tokens=p["stream_tokens"],
+        window=p["window"],
+        cost_seeds=p["cost_seeds"],
+        cost_steps=p["cost_steps"],
+        cost_lengths=tuple(int(x) for x in p["cost_lengths"].split(",")),
+        seed=p["seed"],
+    )
+    loaded = ctx.loaded
+
+    def callback(done: int, total: int, label: str) -> None:
+        ctx.progress(done / max(1, total), label)
+
+    result = run_claims(
+        loaded.model,
+        loaded.tokenizer,
+        config,
+        max_positions=loaded.info.max_positions,
+        callback=callback,
+    )
+    result.meta.update(model=loaded.info.to_json())
+    data = result.to_json()
+    png = ctx.figures_dir / "claims_effects.png"
+    plot_claims(data["claims"], png, title=f"Seed claims: {loaded.info.name}")
+    caption = (
+        "Each claim's mean effect and 95 % interval minus its threshold, signed so that right of "
+        "0 is the claimed direction; colour = verdict."
+    )
+    return StageOutput(data, [FigureSpec(png, caption)], [claims_table(data)])
+
+
+def claims_table(data: dict[str, Any]) -> TableSpec:
+    """One row per claim; every number points at its place in the stage's JSON."""
+    rows = []
+    for i, r in enumerate(data["claims"]):
+        iv = r["interval"]
+        rows.append(
+            (
+                Cell(r["id"]),
+                Cell(r["statement"]),
+                Cell(r["paper"]),
+                Cell(r["protocol"]),
+                Cell(r["site"]),
+                Cell(None, ("claims", i, "effect")) if r["effect"] is not None else Cell("–"),
+                Cell(None, ("claims", i, "interval", 0)) if iv else Cell("–"),
+                Cell(None, ("claims", i, "interval", 1)) if iv else Cell("–"),
+                Cell(f"{'>' if r['direction'] == 'above' else '<'} {r['threshold']:.3g}"),
+                Cell(None, ("claims", i, "n_valid")),
+                Cell(None, ("claims", i, "verdict")),
+                Cell(r["reason"]),
+            )
+        )
+    return TableSpec(
+        "Seed claims: effect (mean over samples), 95 % bootstrap interval, verdict by the rule of "
+        "docs/claims.md",
+        (
+            "claim",
+            "statement",
+            "paper",
+            "protocol",
+            "site",
+            "effect",
+            "95% low",
+            "95% high",
+            "claimed",
+            "n",
+            "verdict",
+            "reason",
+        ),
+        tuple(rows),
+    )
+
+
+def _cost(c: ReportConfig) -> float:
+    return 60.0 if c.quick else 150.0
+
+
+def claims_stage() -> Stage:
+    return Stage(
+        "claims",
+        "Claims: the papers' claims tested on this model",
+        ABOUT,
+        _cost,
+        _params,
+        _command,
+        _run,
+    )

@@ -1,0 +1,226 @@
+"""``run_claims`` on tiny models: one row per claim, each effect pinned against an independent
+computation of its definition (docs/claims.md), lab claims read from synthetic run folders."""
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+import torch
+
+from sinklab.claims import CLAIM_IDS
+from sinklab.claims.core import ClaimsConfig, run_claims, text_samples
+from sinklab.claims.measure_lab import load_lab_runs, measure_lab
+from sinklab.errors import SinklabError
+
+TEXTS = ("shakespeare:hamlet", "shakespeare:macbeth", "shakespeare:othello")
+SMALL = dict(
+    texts=TEXTS,
+    probe_tokens=48,
+    stream_tokens=40,
+    n_sink=2,
+    window=14,
+    sensitivity_tokens=24,
+    grid=3,
+    probes=2,
+    cost_lengths=(4, 8),
+    cost_steps=10,
+    q0=4,
+)
+
+
+@pytest.fixture(scope="module")
+def tiny(tiny_model_factory):
+    return tiny_model_factory("llama", n_layers=3)
+
+
+def _row(result, cid):
+    return next(r for r in result.to_json()["claims"] if r["id"] == cid)
+
+
+def test_every_claim_has_one_row_with_the_rule_applied(tiny, tiny_tokenizer, tmp_path):
+    cfg = ClaimsConfig(**{**SMALL, "claims": None}, cost_seeds=3, lab=str(tmp_path))
+    result = run_claims(tiny, tiny_tokenizer, cfg)
+    rows = result.to_json()["claims"]
+    assert [r["id"] for r in rows] == list(CLAIM_IDS)
+    for r in rows:
+        assert r["verdict"] in ("supported", "not supported", "inconclusive")
+        assert r["site"] and r["protocol"] and r["reason"]
+        if r["interval"] is None:
+            assert r["effect"] is None and r["verdict"] == "inconclusive"
+        else:
+            lo, hi = r["interval"]
+            valid = [s["effect"] for s in r["samples"] if s["effect"] is not None]
+            assert lo <= r["effect"] <= hi and r["n_valid"] == len(valid)
+            assert r["effect"] == pytest.approx(sum(valid) / len(valid))
+    for cid in ("softmax1-no-sink", "sinks-grow-depth", "bos-reliance", "hard-switch-sink"):
+        assert _row(result, cid)["reason"].startswith("not measured: no train.json")
+    assert [s["sample"] for s in _row(result, "first-token-sinks")["samples"]] == list(TEXTS)
+    assert len(_row(result, "sink-cheaper")["samples"]) == 3
+    meta = result.to_json()["meta"]
+    assert meta["sizes"]["probe_tokens"] == 48 and len(meta["samples"]) == 3
+    json.dumps(result.to_json())  # serialisable
+
+
+def _eager_weights(model, ids):
+    model.config._attn_implementation = "eager"
+    try:
+        with torch.no_grad():
+            out = model(ids[None], output_attentions=True, use_cache=False)
+    finally:
+        model.config._attn_implementation = "sdpa"
+    return [a[0].double() for a in out.attentions]  # L x (H, T, T)
+
+
+def test_probe_claims_match_eager_attention(tiny, tiny_tokenizer):
+    cfg = ClaimsConfig(**SMALL, claims=("first-token-sinks", "sink-output-small"), eps=0.1)
+    result = run_claims(tiny, tiny_tokenizer, cfg)
+    samples = text_samples(tiny_tokenizer, cfg, None)
+    for (name, ids), row in zip(samples, _row(result, "first-token-sinks")["samples"], strict=True):
+        weights = _eager_weights(tiny, ids[: cfg.probe_tokens])
+        mass = torch.stack([w[:, cfg.q0 :, 0].mean(-1) for w in weights])  # (L, H)
+        assert row["sample"] == name
+        assert row["effect"] == pytest.approx(float((mass > 0.1).double().mean()), abs=1e-9)
+        assert row["sink_heads"] == int((mass > 0.1).sum())
+
+
+def test_stream_claim_is_the_log_ppl_ratio_after_eviction(tiny, tiny_tokenizer):
+    from sinklab.cache import CacheConfig
+    from sinklab.streaming import stream_nll
+
+    cfg = ClaimsConfig(**SMALL, claims=("evict-sinks-collapse",))
+    result = run_claims(tiny, tiny_tokenizer, cfg)
+    row = _row(result, "evict-sinks-collapse")
+    start = cfg.n_sink + cfg.window
+    _, ids = text_samples(tiny_tokenizer, cfg, None)[0]
+    ids = ids[: cfg.stream_tokens]
+    nll = {
+        p: stream_nll(tiny, ids, CacheConfig(p, cfg.n_sink, cfg.window))[0][start:]
+        for p in ("window", "sink")
+    }
+    want = float(nll["window"].mean() - nll["sink"].mean())
+    assert row["samples"][0]["effect"] == pytest.approx(want, abs=1e-4)  # chunked vs step
+    assert row["samples"][0]["n_targets"] == cfg.stream_tokens - 1 - start
+    assert row["sizes"]["first_scored_position"] == start
+
+
+def test_cost_claim_is_the_exponent_difference():
+    from sinklab.lab.cost import CostConfig, run_cost
+
+    cfg = ClaimsConfig(claims=("sink-cheaper",), cost_lengths=(4, 8), cost_seeds=3, cost_steps=10)
+    row = _row(run_claims(None, None, cfg), "sink-cheaper")
+    res = run_cost(CostConfig(lengths=(4, 8), steps=10, seed=2))
+    want = res.fits["diagonal"]["fro_total"]["exponent"] - res.fits["sink"]["fro_total"]["exponent"]
+    assert row["samples"][2]["effect"] == pytest.approx(want)
+    assert row["n_valid"] == 3 and row["verdict"] in ("supported", "not supported", "inconclusive")
+
+
+# --------------------------------------------------------------------------- lab claims
+def _write_run(folder: Path, *, seed: int, variant: str = "softmax", data: str = "bos", **kw):
+    config = {
+        "variant": variant,
+        "data": data,
+        "seed": seed,
+        "layers": 1,
+        "seq_len": 128,
+        "task": "backcopy",
+        "device": "cpu",
+        **{k: v for k, v in kw.items() if k in ("layers", "seq_len")},
+    }
+    backcopy = {
+        "first_token_mass_nontrigger": kw.get("nt", 0.5),
+        "first_token_mass_trigger": kw.get("tr", 0.05),
+        "output_norm_nontrigger": 0.1,
+        "output_norm_trigger": 1.0,
+        "null_mass_nontrigger": kw.get("null", 0.0),
+    }
+    last = {"step": 600, "first_token_sink_mass": kw.get("mass", 0.3), "backcopy": backcopy}
+    val = {"damage": kw.get("damage", 0.1)}
+    folder.mkdir(parents=True)
+    (folder / "train.json").write_text(
+        json.dumps({"config": config, "checkpoints": [{"step": 0}, last], "val": val})
+    )
+
+
+def test_lab_claims_pair_runs_that_differ_in_one_field(tmp_path):
+    for s in range(3):
+        _write_run(tmp_path / f"s{s}" / "softmax", seed=s, nt=0.4 + 0.1 * s)
+        _write_run(tmp_path / f"s{s}" / "softmax1", seed=s, variant="softmax1", nt=0.05, null=0.6)
+        _write_run(tmp_path / f"s{s}" / "deep", seed=s, layers=4, mass=0.2)  # fewer sinks deeper
+        _write_run(tmp_path / f"s{s}" / "packed", seed=s, data="packed", damage=0.3)
+    (tmp_path / "broken").mkdir()
+    (tmp_path / "broken" / "train.json").write_text("{not json")
+    assert len(load_lab_runs(tmp_path)) == 12
+    cfg = ClaimsConfig(
+        claims=(
+            "softmax1-no-sink",
+            "sinks-grow-depth",
+            "sinks-grow-length",
+            "bos-reliance",
+            "hard-switch-sink",
+        ),
+        lab=str(tmp_path),
+    )
+    result = run_claims(None, None, cfg)
+    soft = _row(result, "softmax1-no-sink")
+    assert [s["effect"] for s in soft["samples"]] == pytest.approx([0.35, 0.45, 0.55])
+    assert soft["verdict"] == "supported" and soft["interval"] == pytest.approx([0.35, 0.55])
+    depth = _row(result, "sinks-grow-depth")
+    assert [s["effect"] for s in depth["samples"]] == pytest.approx([-0.1] * 3)
+    assert depth["verdict"] == "not supported"
+    bos = _row(result, "bos-reliance")
+    assert [s["effect"] for s in bos["samples"]] == pytest.approx([-0.2] * 3)
+    assert bos["verdict"] == "not supported"
+    switch = _row(result, "hard-switch-sink")
+    assert switch["n_valid"] == 6 and switch["verdict"] == "supported"  # 1- and 4-layer runs
+    length = _row(result, "sinks-grow-length")
+    assert length["reason"].startswith("not measured: no softmax runs that differ only in seq_len")
+
+
+def test_one_seed_is_too_few_and_no_folder_is_not_measured(tmp_path):
+    _write_run(tmp_path / "a", seed=0)
+    _write_run(tmp_path / "b", seed=0, variant="sink", nt=0.01)
+    result = run_claims(None, None, ClaimsConfig(claims=("softmax1-no-sink",), lab=str(tmp_path)))
+    row = _row(result, "softmax1-no-sink")
+    assert row["verdict"] == "inconclusive" and row["reason"].startswith("too few samples")
+    assert row["effect"] == pytest.approx(0.49)  # the one sample is still shown
+    out = measure_lab(None, ["hard-switch-sink"])["hard-switch-sink"]
+    assert out.not_measured.startswith("no lab runs given") and not out.samples
+    with pytest.raises(SinklabError, match="not a folder"):
+        measure_lab(tmp_path / "missing", ["hard-switch-sink"])
+
+
+@pytest.mark.parametrize(
+    ("kw", "needle"),
+    [
+        ({"claims": ("nope",)}, "unknown claim"),
+        ({"texts": ()}, "--texts is empty"),
+        ({"windows": 0}, "windows must be >= 1"),
+        ({"cost_lengths": (16,)}, "cost_lengths"),
+        ({"q0": 300}, "q0 must be"),
+    ],
+)
+def test_bad_config_is_one_clear_error(kw, needle):
+    with pytest.raises(SinklabError, match=needle):
+        ClaimsConfig(**kw)
+
+
+def test_model_claims_without_a_model_is_an_error():
+    with pytest.raises(SinklabError, match="need a model"):
+        run_claims(None, None, ClaimsConfig(claims=("first-token-sinks",)))
+
+
+def test_windows_split_one_text(tiny_tokenizer):
+    cfg = ClaimsConfig(
+        texts=("shakespeare:hamlet",),
+        windows=3,
+        probe_tokens=16,
+        stream_tokens=16,
+        sensitivity_tokens=16,
+        q0=2,
+    )
+    samples = text_samples(tiny_tokenizer, cfg, None)
+    assert [n for n, _ in samples] == [f"shakespeare:hamlet#{k}" for k in range(3)]
+    assert all(ids.numel() == 16 for _, ids in samples)
+    assert not torch.equal(samples[0][1], samples[1][1])
+    assert math.isfinite(float(samples[2][1].sum()))

@@ -1,0 +1,86 @@
+"""``sinklab claims`` end to end on a tiny model, in-process through ``sinklab.cli.main``: JSON
+with one row per claim, files written through sinklab.outputs, one-line errors for bad inputs."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from sinklab.cli import main
+from sinklab.outputs import MARKER
+
+FAST = ["--tokens", "32", "--stream-tokens", "40", "--window", "14", "--n-sink", "2",
+        "--cost-lengths", "4,8", "--cost-steps", "10"]  # fmt: skip
+SOME = "first-token-sinks,evict-sinks-collapse,sink-cheaper,hard-switch-sink"
+
+
+def run(capsys, args: list[str]) -> tuple[int, str, str]:
+    capsys.readouterr()
+    code = main(args)
+    cap = capsys.readouterr()
+    return code, cap.out, cap.err
+
+
+def one_line(code: int, err: str, needle: str) -> None:
+    lines = [ln for ln in err.strip().splitlines() if ln.strip()]
+    assert code == 2 and len(lines) == 1, (code, err)
+    assert needle in lines[0] and "Traceback" not in err, err
+
+
+def test_claims_json_and_files(capsys, tmp_path, tiny_model_dir):
+    out = tmp_path / "claims-out"
+    args = ["claims", "--model", str(tiny_model_dir("llama")), "--claims", SOME, *FAST]
+    code, stdout, err = run(capsys, [*args, "--format", "json", "--out", str(out)])
+    assert code == 0, err
+    data = json.loads(stdout)
+    rows = data["claims"]
+    assert [r["id"] for r in rows] == SOME.split(",")
+    for r in rows:
+        for key in ("effect", "interval", "verdict", "reason", "protocol", "site", "samples"):
+            assert key in r, key
+    assert rows[0]["n_valid"] == 3 and rows[0]["interval"][0] <= rows[0]["effect"]
+    assert rows[-1]["verdict"] == "inconclusive" and rows[-1]["reason"].startswith("not measured")
+    saved = json.loads((out / "claims.json").read_text())
+    assert saved["claims"] == json.loads(json.dumps(rows))
+    assert saved["meta"]["model"]["n_layers"] == 2 and len(saved["meta"]["texts"]) == 3
+    assert (out / "claims_effects.png").stat().st_size > 1000
+    points = json.loads((out / "claims_effects.json").read_text())["points"]
+    assert [p["id"] for p in points] == SOME.split(",")
+    assert json.loads((out / MARKER).read_text())["command"] == "claims"
+    # a second run replaces its own output; text mode prints the table
+    code, stdout, err = run(capsys, [*args, "--out", str(out)])
+    assert code == 0 and "first-token-sinks" in stdout, err
+
+
+@pytest.mark.parametrize(
+    ("extra", "needle"),
+    [
+        (["--claims", "no-such-claim"], "unknown claim"),
+        (["--texts", "shakespeare:nope"], "no embedded play"),
+        (["--texts", ","], "--texts is empty"),
+        (["--windows", "0"], "windows must be >= 1"),
+        (["--lab", "/no/such/lab"], "is not a folder"),
+        (["--cost-lengths", "16"], "cost_lengths"),
+        (["--cost-lengths", "a,b"], "comma-separated integers"),
+    ],
+)
+def test_bad_inputs_are_one_line(capsys, extra, needle, monkeypatch):
+    import sinklab.models
+
+    def refuse(*a, **k):
+        raise AssertionError("the model loaded before the inputs were checked")
+
+    monkeypatch.setattr(sinklab.models, "load_model", refuse)
+    code, _, err = run(capsys, ["claims", "--model", "/never/loaded", *extra])
+    one_line(code, err, needle)
+
+
+def test_a_users_folder_is_refused_before_work(capsys, tmp_path: Path):
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("mine")
+    code, _, err = run(capsys, ["claims", "--claims", "sink-cheaper", "--out", str(mine)])
+    one_line(code, err, "sinklab did not write")
+    assert (mine / "notes.txt").read_text() == "mine"
