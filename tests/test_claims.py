@@ -29,6 +29,15 @@ SMALL = dict(
 )
 
 
+@pytest.fixture(autouse=True)
+def one_thread():
+    """Tiny models gain nothing from threads; on a busy machine two spin-wait (3x the time)."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
 @pytest.fixture(scope="module")
 def tiny(tiny_model_factory):
     return tiny_model_factory("llama", n_layers=3)
@@ -224,3 +233,22 @@ def test_windows_split_one_text(tiny_tokenizer):
     assert all(ids.numel() == 16 for _, ids in samples)
     assert not torch.equal(samples[0][1], samples[1][1])
     assert math.isfinite(float(samples[2][1].sum()))
+
+
+def test_geometry_claim_is_the_attention_input_cosine_of_the_middle_layers(tiny, tiny_tokenizer):
+    cfg = ClaimsConfig(**SMALL, claims=("first-token-cosine", "density-oversmooths"))
+    result = run_claims(tiny, tiny_tokenizer, cfg)
+    row = _row(result, "first-token-cosine")
+    assert row["sizes"]["layers"] == [1]  # middle third of 3 layers
+    _, ids = text_samples(tiny_tokenizer, cfg, None)[0]
+    with torch.no_grad():
+        hs = tiny(ids[None, : cfg.probe_tokens], output_hidden_states=True).hidden_states
+        x = tiny.model.layers[1].input_layernorm(hs[1])[0]  # (T, d): layer 1's attention input
+    x = x / x.norm(dim=-1, keepdim=True)
+    want = float((x[1:] @ x[0]).mean())
+    assert row["samples"][0]["effect"] == pytest.approx(want, abs=1e-5)
+    dens = _row(result, "density-oversmooths")
+    assert dens["sizes"]["measured_layers"] == [2] and dens["n_valid"] == 3
+    s = dens["samples"][0]
+    assert s["effect"] == pytest.approx(s["perturbed"][2] - s["unmodified"][2])
+    assert s["unmodified"][0] == pytest.approx(s["perturbed"][0])  # before the group: unchanged

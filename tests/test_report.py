@@ -34,6 +34,7 @@ STAGE_COMMANDS = {
     **dict.fromkeys(("first-token", "mask-sink", "density", "sensitivity", "geometry"), "ablate"),
 }
 STAGE_LIBRARIES = {
+    "claims": "sinklab.claims",
     "probe": "sinklab.probe",
     "probe-lengths": "sinklab.probe",
     "stream": "sinklab.streaming",

@@ -55,6 +55,8 @@ def claims(
     stream_tokens: Annotated[int, typer.Option(help="Tokens streamed per text.")] = 320,
     window: Annotated[int, typer.Option(help="Streaming: recent tokens kept.")] = 60,
     n_sink: Annotated[int, typer.Option(help="Streaming: sink tokens kept.")] = 4,
+    grid: Annotated[int, typer.Option(help="Sensitivity: grid x grid (t, i) positions.")] = 4,
+    q0: Annotated[int, typer.Option(help="First query counted in sink mass.")] = 16,
     cost_lengths: Annotated[str, typer.Option(help="Cost claim: context lengths T.")] = "16,32,64",
     cost_seeds: Annotated[int, typer.Option(help="Cost claim: fitting seeds.")] = 3,
     cost_steps: Annotated[int, typer.Option(help="Cost claim: Adam steps per radius.")] = 300,
@@ -82,6 +84,8 @@ def claims(
         stream_tokens=stream_tokens,
         window=window,
         n_sink=n_sink,
+        grid=grid,
+        q0=q0,
         cost_lengths=tuple(parse_int_list(cost_lengths, "--cost-lengths") or ()),
         cost_seeds=cost_seeds,
         cost_steps=cost_steps,
@@ -143,8 +147,10 @@ def _print_table(data: dict) -> None:
     from rich.table import Table
 
     table = Table(title="Seed claims (rule: docs/claims.md)", show_lines=False)
-    for col in ("claim", "site", "effect", "95% interval", "claimed", "n", "verdict"):
+    table.add_column("claim", no_wrap=True, min_width=max(len(r["id"]) for r in data["claims"]))
+    for col in ("site", "effect", "95% interval", "claimed", "n"):
         table.add_column(col)
+    table.add_column("verdict", no_wrap=True)
     for r in data["claims"]:
         iv = r["interval"]
         table.add_row(

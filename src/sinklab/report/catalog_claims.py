@@ -31,15 +31,17 @@ def _params(ctx: StageContext) -> dict[str, Any]:
 
     c = ctx.config
     default = ctx.text_spec in (DEFAULT_TEXT, "", None)
-    p: dict[str, Any] = {
+    p: dict[str, Any] = {  # sinklab claims' defaults, capped by the report's own sizes
         "texts": None if default else ctx.text_spec,
         "windows": 1 if default else 3,
-        "tokens": ctx.cap_tokens(128 if c.quick else 256),
-        "stream_tokens": ctx.cap_tokens(160 if c.quick else 320),
-        "window": 28 if c.quick else 60,
+        "tokens": ctx.cap_tokens(min(c.ablate_tokens, 256)),
+        "stream_tokens": ctx.cap_tokens(min(c.stream_tokens, 160 if c.quick else 320)),
+        "window": min(c.window, 28 if c.quick else 60),
+        "n_sink": c.n_sink,
+        "grid": min(c.sensitivity_grid, 4),
         "cost_seeds": 3,
-        "cost_lengths": "16,32" if c.quick else "16,32,64",
-        "cost_steps": 100 if c.quick else 300,
+        "cost_lengths": "8,16" if c.quick else "16,32,64",
+        "cost_steps": 30 if c.quick else 300,
         "seed": c.seed,
     }
     return p
@@ -50,7 +52,8 @@ def _command(ctx: StageContext) -> list[str]:
     cmd = ["sinklab", "claims", "--model", ctx.model_spec]
     if p["texts"]:
         cmd += ["--texts", p["texts"], "--windows", str(p["windows"])]
-    keys = ("tokens", "stream_tokens", "window", "cost_seeds", "cost_lengths", "cost_steps", "seed")
+    keys = ("tokens", "stream_tokens", "window", "n_sink", "grid", "cost_seeds", "cost_lengths")
+    keys += ("cost_steps", "seed")
     for key in keys:
         cmd += [f"--{key.replace('_', '-')}", str(p[key])]
     return [*cmd, "--out", reproduce_dir(ctx, "claims")]
@@ -67,6 +70,10 @@ def _run(ctx: StageContext) -> StageOutput:
         probe_tokens=p["tokens"],
         stream_tokens=p["stream_tokens"],
         window=p["window"],
+        n_sink=p["n_sink"],
+        grid=p["grid"],
+        sensitivity_tokens=min(128, p["tokens"]),
+        q0=min(ctx.config.q0, p["tokens"] - 1),
         cost_seeds=p["cost_seeds"],
         cost_steps=p["cost_steps"],
         cost_lengths=tuple(int(x) for x in p["cost_lengths"].split(",")),
