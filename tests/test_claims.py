@@ -252,3 +252,13 @@ def test_geometry_claim_is_the_attention_input_cosine_of_the_middle_layers(tiny,
     s = dens["samples"][0]
     assert s["effect"] == pytest.approx(s["perturbed"][2] - s["unmodified"][2])
     assert s["unmodified"][0] == pytest.approx(s["perturbed"][0])  # before the group: unchanged
+
+
+@pytest.mark.integration
+def test_claims_on_smollm2_run_over_three_plays(smollm2):
+    cfg = ClaimsConfig(claims=("first-token-sinks", "first-token-cosine"), probe_tokens=64)
+    result = run_claims(smollm2.model, smollm2.tokenizer, cfg)
+    for row in result.to_json()["claims"]:
+        assert row["n_valid"] == 3 and row["interval"] is not None, row["reason"]
+        assert row["interval"][0] <= row["effect"] <= row["interval"][1]
+    assert _row(result, "first-token-cosine")["sizes"]["layers"] == list(range(10, 20))

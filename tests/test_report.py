@@ -28,6 +28,7 @@ from sinklab.report.stages import aggregate, lookup
 
 # the `sinklab` subcommand that reproduces each stage
 STAGE_COMMANDS = {
+    "claims": "claims",
     "probe": "probe",
     "probe-lengths": "probe",
     "stream": "stream",
