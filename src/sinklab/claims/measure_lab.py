@@ -33,8 +33,9 @@ WITH_BOS = ("bos",)
 WITHOUT_BOS = ("packed", "no-bos", "nobos")
 NULL_VARIANTS = ("softmax1", "sink")
 HOW = (
-    "train backcopy runs (`sinklab train --task backcopy`, sweeps over variants, data, length "
-    "or depth) for at least 3 seeds and pass their folder with --lab DIR"
+    "train backcopy runs for seeds 0, 1, 2 into one folder, e.g. `sinklab train --task backcopy "
+    "--variant softmax|softmax1|sink --data bos|no-bos [--layers N] [--seq-len T] --seed S "
+    "--out DIR/NAME`, and pass --lab DIR"
 )
 
 

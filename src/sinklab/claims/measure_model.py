@@ -3,8 +3,8 @@
 Every function takes the model, the samples ``[(name, ids (T,))]`` and the config, calls the
 library (probe, streaming, ablate's sensitivity experiment, geometry, the density intervention)
 and returns ``{claim_id: Measurement}``. A sample that cannot give the effect (e.g. no sink head
-on that text) has effect ``None``; a protocol the installation lacks gives a Measurement with no
-samples and the reason.
+on that text) has effect ``None``; a protocol that cannot run on this model (e.g. no layers after
+the middle third) gives a Measurement with no samples and the reason.
 """
 
 from __future__ import annotations
@@ -153,21 +153,14 @@ def measure_sensitivity(
 
 
 # --------------------------------------------------------------------------- geometry, density
-def _missing(what: str, exc: ImportError) -> str:
-    return f"{what} is not available in this installation ({exc})"
-
-
 def measure_geometry(
     model: nn.Module, samples: Sequence[Sample], cfg: Any, tick: Tick
 ) -> dict[str, Measurement]:
     """first-token-cosine: mean over the middle third of the first-token cosine at the
     attention input (the layer's input after its own input norm)."""
+    from sinklab.probe.geometry import geometry
+
     m = Measurement(sizes={"tokens": cfg.probe_tokens})
-    try:
-        from sinklab.geometry import geometry
-    except ImportError as exc:
-        m.not_measured = _missing("geometry at the attention input (sinklab.geometry)", exc)
-        return {"first-token-cosine": m}
     middle = _layer_thirds(_n_layers(model))[1] or list(range(_n_layers(model)))
     m.sizes["layers"] = middle
     for name, ids in samples:
@@ -185,13 +178,10 @@ def measure_density(
 ) -> dict[str, Measurement]:
     """density-oversmooths: mix the model's own weights with uniform-causal (lam) in the middle
     third; token similarity at the attention input of the later layers, minus unmodified."""
+    from sinklab.interventions import AttentionMix, intervene
+    from sinklab.probe.geometry import geometry
+
     m = Measurement(sizes={"tokens": cfg.probe_tokens, "protocol": "mix", "lam": cfg.density_lam})
-    try:
-        from sinklab.geometry import geometry
-        from sinklab.interventions import AttentionMix, AttentionReplace, intervene  # noqa: F401
-    except ImportError as exc:
-        m.not_measured = _missing("the density mix protocol (sinklab.geometry, AttentionMix)", exc)
-        return {"density-oversmooths": m}
     n_layers = _n_layers(model)
     thirds = _layer_thirds(n_layers)
     group, after = thirds[1], thirds[2]

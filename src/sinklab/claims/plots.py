@@ -22,14 +22,14 @@ def plot_points(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return points
 
 
-def plot_claims(rows: list[dict[str, Any]], path: Path, *, title: str = "") -> Any:
-    """Draw the claims figure to ``path`` (PNG) and its numbers to ``path.with_suffix(".json")``."""
+def plot_claims(rows: list[dict[str, Any]], path: Path, *, title: str = "") -> Path:
+    """Draw the claims figure to ``path`` (PNG), its numbers to ``path.with_suffix(".json")``."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from sinklab.meta import write_json_atomic
+    from sinklab.figures import save
 
     points = plot_points(rows)
     n = len(points)
@@ -49,10 +49,4 @@ def plot_claims(rows: list[dict[str, Any]], path: Path, *, title: str = "") -> A
     ax.set_xlabel("effect - threshold, signed: > 0 is the claimed direction (mean, 95 % CI)")
     ax.set_title(title or "Seed claims: effect and bootstrap 95 % interval", fontsize=10)
     ax.grid(axis="x", alpha=0.3)
-    fig.tight_layout()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    write_json_atomic(path.with_suffix(".json"), {"title": title, "points": points})
-    return fig
+    return save(fig, Path(path), {"title": title, "points": points})
