@@ -265,6 +265,7 @@ def _load_folder(
     trust_remote_code: bool,
     local_only: bool,
     embedded: bool = False,
+    device_map: Any = None,
 ):
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
@@ -304,6 +305,7 @@ def _load_folder(
             attn_implementation=impl,
             use_safetensors=True,
             output_loading_info=True,
+            **_placement(device_map),
         )
     except SinklabError:
         raise
@@ -370,10 +372,45 @@ def _smollm2_cached_folder(gguf: Path, gguf_sha: str) -> Path:
     return target
 
 
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+DEVICES = ("cpu", "cuda", "auto")
+
+
+def parse_dtype(dtype: torch.dtype | str) -> torch.dtype:
+    """'float32' | 'bfloat16' | 'float16' (or a torch dtype) -> the torch dtype."""
+    if isinstance(dtype, torch.dtype):
+        if dtype not in DTYPES.values():
+            raise SinklabError(f"dtype {dtype} is not one of {', '.join(DTYPES)}")
+        return dtype
+    if dtype not in DTYPES:
+        raise SinklabError(f"--dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
+    return DTYPES[dtype]
+
+
+def device_map_for(device: str | dict[str, Any]) -> Any:
+    """``cpu`` (no map) | ``cuda`` | ``auto`` (accelerate spreads the model over the GPUs, then
+    CPU, then disk) | an explicit accelerate device map -> what ``from_pretrained`` takes."""
+    if isinstance(device, dict):
+        return device
+    if device not in DEVICES:
+        raise SinklabError(f"--device must be one of {', '.join(DEVICES)}, got {device!r}")
+    if device == "cuda" and not torch.cuda.is_available():
+        raise SinklabError("--device cuda: no CUDA device is visible; use --device cpu or auto")
+    return None if device == "cpu" else device
+
+
+def _placement(device_map: Any) -> dict[str, Any]:
+    if device_map is None:
+        return {}
+    folder = cache_dir() / "offload"  # accelerate's disk offload, used only when a map says so
+    return {"device_map": device_map, "offload_folder": str(folder)}
+
+
 def load_model(
     spec: str | None = None,
     *,
-    dtype: torch.dtype = torch.float32,
+    dtype: torch.dtype | str = torch.float32,
+    device: str | dict[str, Any] = "cpu",
     trust_remote_code: bool = False,
 ) -> LoadedModel:
     """Load ``spec`` (None / "smollm2-135m" = the embedded default, a local folder, or a cached id).
@@ -386,13 +423,19 @@ def load_model(
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()  # the CLI shows its own progress
+    dtype, device_map = parse_dtype(dtype), device_map_for(device)
     name = spec or DEFAULT_MODEL
     if name == DEFAULT_MODEL:
         gguf = smollm2_gguf_path()
         gguf_sha = file_sha256(gguf)
         folder = _smollm2_cached_folder(gguf, gguf_sha)
         model, tokenizer = _load_folder(
-            str(folder), dtype=dtype, trust_remote_code=False, local_only=True, embedded=True
+            str(folder),
+            dtype=dtype,
+            trust_remote_code=False,
+            local_only=True,
+            embedded=True,
+            device_map=device_map,
         )
         info = describe(model, name, str(gguf), gguf_sha)
     else:
@@ -405,13 +448,21 @@ def load_model(
             )
         if looks_like_path:
             model, tokenizer = _load_folder(
-                str(path), dtype=dtype, trust_remote_code=trust_remote_code, local_only=True
+                str(path),
+                dtype=dtype,
+                trust_remote_code=trust_remote_code,
+                local_only=True,
+                device_map=device_map,
             )
             info = describe(model, name, str(path.resolve()), _weights_sha256(path))
         else:
             try:
                 model, tokenizer = _load_folder(
-                    name, dtype=dtype, trust_remote_code=trust_remote_code, local_only=True
+                    name,
+                    dtype=dtype,
+                    trust_remote_code=trust_remote_code,
+                    local_only=True,
+                    device_map=device_map,
                 )
             except SinklabError as exc:
                 if "cannot read a model config" in str(exc):

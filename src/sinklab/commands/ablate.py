@@ -10,6 +10,8 @@ from typing import Annotated
 import typer
 
 from sinklab.commands.common import (
+    DeviceOpt,
+    DtypeOpt,
     FormatOpt,
     ModelOpt,
     OutDirOpt,
@@ -104,6 +106,8 @@ def ablate(
     q0: Annotated[int, typer.Option(help="First query counted in sink mass.")] = 0,
     seed: SeedOpt = 0,
     trust_remote_code: TrustOpt = False,
+    dtype: DtypeOpt = "float32",
+    device: DeviceOpt = "cpu",
 ) -> None:
     """Test a seed's causal claim on a model: numbers in DIR/ablate.json, a figure beside it.
 
@@ -141,7 +145,7 @@ def ablate(
     out = check_out(out, "ablate")
     txt = load_text(text)
     with stderr.status("loading model"):
-        loaded = load_model(model, trust_remote_code=trust_remote_code)
+        loaded = load_model(model, dtype=dtype, device=device, trust_remote_code=trust_remote_code)
     config.check_model(*model_shape(loaded.model))  # layer / head ranges, before any work
     ids = experiment_ids(
         text, txt, loaded.tokenizer, tokens, texts if get_experiment(experiment).texts else 1

@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from sinklab.commands.common import ModelOpt, SeedOpt, TrustOpt, stderr
+from sinklab.commands.common import DeviceOpt, DtypeOpt, ModelOpt, SeedOpt, TrustOpt, stderr
 from sinklab.commands.stream import NSinkOpt, WindowOpt
 
 HELP = "commands: /stats (tokens seen, kept, positions, tok/s), /reset, /quit"
@@ -50,6 +50,8 @@ def chat(
         str | None, typer.Option("--system", help="A system message (default: the template's).")
     ] = None,
     trust_remote_code: TrustOpt = False,
+    dtype: DtypeOpt = "float32",
+    device: DeviceOpt = "cpu",
 ) -> None:
     """Chat with the model (its chat template) in flat memory: the cache never holds more than
     n_sink + window positions however long the conversation, each turn's text is fitted into it
@@ -65,7 +67,7 @@ def chat(
 
     config = ChatConfig(n_sink, window, max_new_tokens, temperature, seed, system)  # checks first
     with stderr.status("loading model"):
-        loaded = load_model(model, trust_remote_code=trust_remote_code)
+        loaded = load_model(model, dtype=dtype, device=device, trust_remote_code=trust_remote_code)
     session = ChatSession(loaded.model, loaded.tokenizer, config)
     interactive = sys.stdin.isatty()
     if interactive:

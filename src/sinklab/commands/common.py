@@ -60,6 +60,16 @@ TrustOpt = Annotated[
     ),
 ]
 SeedOpt = Annotated[int, typer.Option("--seed", help="Random seed.")]
+DtypeOpt = Annotated[
+    str, typer.Option("--dtype", help="Weights and compute: float32, bfloat16 or float16.")
+]
+DeviceOpt = Annotated[
+    str,
+    typer.Option(
+        "--device",
+        help="cpu, cuda, or auto (accelerate's device_map: GPUs, then CPU, then disk).",
+    ),
+]
 # the sink cache (stream, generate)
 NSinkOpt = Annotated[int, typer.Option("--n-sink", help="Sink positions kept (StreamingLLM: 4).")]
 WindowOpt = Annotated[int, typer.Option("--window", help="Most recent positions kept.")]

@@ -8,7 +8,16 @@ from typing import Annotated
 
 import typer
 
-from sinklab.commands.common import ModelOpt, NSinkOpt, SeedOpt, TrustOpt, WindowOpt, stderr
+from sinklab.commands.common import (
+    DeviceOpt,
+    DtypeOpt,
+    ModelOpt,
+    NSinkOpt,
+    SeedOpt,
+    TrustOpt,
+    WindowOpt,
+    stderr,
+)
 from sinklab.errors import SinklabError
 
 
@@ -34,6 +43,8 @@ def generate(
         Path | None, typer.Option("--out", "-o", help="Also write OUT/generate.json.")
     ] = None,
     trust_remote_code: TrustOpt = False,
+    dtype: DtypeOpt = "float32",
+    device: DeviceOpt = "cpu",
 ) -> None:
     """Generate with a StreamingLLM sink cache: the cache never holds more than n_sink + window
     positions, so --max-new-tokens 20000 runs in flat memory. Text goes to stdout, progress and
@@ -60,7 +71,7 @@ def generate(
     if out is not None:
         out = check_out(out, "generate")
     with stderr.status("loading model"):
-        loaded = load_model(model, trust_remote_code=trust_remote_code)
+        loaded = load_model(model, dtype=dtype, device=device, trust_remote_code=trust_remote_code)
     import torch
 
     ids = torch.tensor(loaded.tokenizer(text, add_special_tokens=False).input_ids)

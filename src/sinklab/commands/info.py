@@ -6,6 +6,8 @@ import typer
 from rich.table import Table
 
 from sinklab.commands.common import (
+    DeviceOpt,
+    DtypeOpt,
     FormatOpt,
     ModelOpt,
     OutputFormat,
@@ -23,6 +25,8 @@ def info(
     text: TextOpt = None,
     fmt: FormatOpt = OutputFormat.text,
     trust_remote_code: TrustOpt = False,
+    dtype: DtypeOpt = "float32",
+    device: DeviceOpt = "cpu",
 ) -> None:
     """Show the model's architecture facts and the text's size in tokens.
 
@@ -30,7 +34,7 @@ def info(
     """
     with stderr.status("loading model and text"):
         txt = load_text(text)  # cheap checks first: a bad path fails before the model loads
-        loaded = load_model(model, trust_remote_code=trust_remote_code)
+        loaded = load_model(model, dtype=dtype, device=device, trust_remote_code=trust_remote_code)
         n_tokens = count_tokens(txt, loaded.tokenizer)
     data = {"model": loaded.info.to_json(), "text": {**txt.to_json(), "tokens": n_tokens}}
     if fmt is OutputFormat.json:

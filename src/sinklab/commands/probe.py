@@ -10,6 +10,8 @@ from typing import Annotated
 import typer
 
 from sinklab.commands.common import (
+    DeviceOpt,
+    DtypeOpt,
     FormatOpt,
     ModelOpt,
     OutDirOpt,
@@ -57,6 +59,8 @@ def probe(
     fmt: FormatOpt = OutputFormat.text,
     no_figures: Annotated[bool, typer.Option("--no-figures", help="Write JSON only.")] = False,
     trust_remote_code: TrustOpt = False,
+    dtype: DtypeOpt = "float32",
+    device: DeviceOpt = "cpu",
 ) -> None:
     """Measure sink mass, diagonal / previous-token mass, entropy, value norms and hidden-state
     similarity for every layer and head, in one memory-bounded forward.
@@ -86,7 +90,7 @@ def probe(
     out = check_out(out, "probe")
     txt = load_text(text)
     with stderr.status("loading model"):
-        loaded = load_model(model, trust_remote_code=trust_remote_code)
+        loaded = load_model(model, dtype=dtype, device=device, trust_remote_code=trust_remote_code)
     info = loaded.info
     if info.max_positions is not None and need > info.max_positions:
         raise SinklabError(

@@ -16,7 +16,7 @@ from rich.progress import (
     TimeRemainingColumn,
 )
 
-from sinklab.commands.common import ModelOpt, TextOpt, TrustOpt, stderr
+from sinklab.commands.common import DeviceOpt, DtypeOpt, ModelOpt, TextOpt, TrustOpt, stderr
 from sinklab.corpus import DEFAULT_TEXT, load_text
 from sinklab.models import DEFAULT_MODEL, load_model
 
@@ -50,6 +50,8 @@ def report(
         ),
     ] = None,
     trust_remote_code: TrustOpt = False,
+    dtype: DtypeOpt = "float32",
+    device: DeviceOpt = "cpu",
 ) -> None:
     """Run the probe, streaming perplexity and ablations, and write one self-contained page.
 
@@ -67,7 +69,7 @@ def report(
     out = check_out_dir(out)  # cheap checks first: a bad folder fails before the model loads
     with stderr.status("loading model and text"):
         txt = load_text(text)
-        loaded = load_model(model, trust_remote_code=trust_remote_code)
+        loaded = load_model(model, dtype=dtype, device=device, trust_remote_code=trust_remote_code)
     columns = (
         SpinnerColumn(),
         TextColumn("[bold]{task.description}"),

@@ -10,7 +10,16 @@ import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from sinklab.cache import POLICIES
-from sinklab.commands.common import ModelOpt, NSinkOpt, TextOpt, TrustOpt, WindowOpt, stderr
+from sinklab.commands.common import (
+    DeviceOpt,
+    DtypeOpt,
+    ModelOpt,
+    NSinkOpt,
+    TextOpt,
+    TrustOpt,
+    WindowOpt,
+    stderr,
+)
 from sinklab.errors import SinklabError
 
 PolicyOpt = Annotated[
@@ -53,6 +62,8 @@ def stream(
         Path, typer.Option("--out", "-o", help="Folder for stream.json + figure.")
     ] = Path("sinklab-stream"),
     trust_remote_code: TrustOpt = False,
+    dtype: DtypeOpt = "float32",
+    device: DeviceOpt = "cpu",
     method: Annotated[
         str,
         typer.Option(
@@ -87,7 +98,7 @@ def stream(
     out = check_out(out, "stream")
     txt = load_text(text)
     with stderr.status("loading model"):
-        loaded = load_model(model, trust_remote_code=trust_remote_code)
+        loaded = load_model(model, dtype=dtype, device=device, trust_remote_code=trust_remote_code)
         if moving := [p for p in config.policies if p in ("window", "sink", "sink-auto")]:
             policy_check = "window" if moving == ["window"] else "sink"  # dense moves no key
             SinkCache(loaded.model, CacheConfig(policy_check, n_sink, window))  # can it stream?

@@ -1,0 +1,78 @@
+"""--dtype and --device (issue 14 item 4): an accelerate device map that offloads a layer to disk
+gives the undispatched model's numbers; bfloat16 stays within a stated tolerance of float32;
+bad values are one-line errors."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from sinklab.cli import main
+from sinklab.models import load_model
+from sinklab.probe import probe
+
+OFFLOAD = {
+    "model.embed_tokens": "cpu",
+    "model.rotary_emb": "cpu",
+    "model.layers.0": "cpu",
+    "model.layers.1": "disk",
+    "model.norm": "cpu",
+    "lm_head": "cpu",
+}
+#: bfloat16 keeps 8 bits of mantissa: attention masses of the tiny model move by at most this
+BF16_MASS_TOL = 0.02
+
+
+def _ids() -> torch.Tensor:
+    return torch.randint(3, 500, (48,), generator=torch.Generator().manual_seed(0))
+
+
+def test_disk_offloaded_layer_gives_the_same_numbers(tiny_model_dir, tmp_path, monkeypatch):
+    monkeypatch.setenv("SINKLAB_CACHE", str(tmp_path / "cache"))  # the offload folder
+    folder = str(tiny_model_dir("llama"))
+    plain, spread = load_model(folder), load_model(folder, device=OFFLOAD)
+    assert spread.model.hf_device_map["model.layers.1"] == "disk"
+    assert all(p.device.type == "meta" for p in spread.model.model.layers[1].parameters())
+    ids = _ids()
+    with torch.no_grad():
+        want, got = plain.model(ids[None]).logits, spread.model(ids[None]).logits
+    torch.testing.assert_close(got, want, atol=1e-6, rtol=1e-6)
+    a, b = probe(plain.model, ids), probe(spread.model, ids)
+    for name in ("sink_mass", "diagonal_mass", "entropy", "sink_output_share"):
+        torch.testing.assert_close(getattr(b, name), getattr(a, name), atol=1e-6, rtol=1e-6)
+
+
+def test_bfloat16_within_tolerance_of_float32(tiny_model_dir):
+    folder = str(tiny_model_dir("llama"))
+    fp32, bf16 = load_model(folder), load_model(folder, dtype="bfloat16")
+    assert bf16.info.dtype == "bfloat16"
+    ids = _ids()
+    a, b = probe(fp32.model, ids), probe(bf16.model, ids)
+    diff = (a.sink_mass - b.sink_mass.float()).abs().max()
+    assert 0 < float(diff) <= BF16_MASS_TOL
+
+
+def test_cli_dtype_and_device(tiny_model_dir, tmp_path, capsys):
+    folder = str(tiny_model_dir("llama"))
+    base = ["probe", "--model", folder, "--tokens", "32"]
+    assert main([*base, "--dtype", "bfloat16", "--out", str(tmp_path / "a")]) == 0
+    data = json.loads((tmp_path / "a" / "probe.json").read_text())
+    assert data["meta"]["model"]["dtype"] == "bfloat16"
+    capsys.readouterr()
+    for flag, value, needle in (("--dtype", "float64", "--dtype must be one of"),) + (
+        () if torch.cuda.is_available() else (("--device", "cuda", "no CUDA device"),)
+    ):
+        assert main([*base, flag, value, "--out", str(tmp_path / value)]) == 2
+        lines = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
+        assert len(lines) == 1 and needle in lines[0], lines
+
+
+@pytest.mark.parametrize(
+    "command", ["info", "probe", "stream", "ablate", "generate", "report", "chat"]
+)
+def test_every_command_takes_dtype_and_device(command, capsys):
+    assert main([command, "--help"]) == 0
+    out = capsys.readouterr().out
+    assert "--dtype" in out and "--device" in out
