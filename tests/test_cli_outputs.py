@@ -54,7 +54,6 @@ def no_work(monkeypatch):
     def refuse(*a, **k):
         raise AssertionError("work started before --out was checked")
 
-    import sinklab.commands.report
     import sinklab.lab.cost
     import sinklab.lab.sweep
     import sinklab.lab.train
@@ -62,7 +61,6 @@ def no_work(monkeypatch):
 
     for target, name in (
         (sinklab.models, "load_model"),
-        (sinklab.commands.report, "load_model"),
         (sinklab.lab.cost, "run_cost"),
         (sinklab.lab.train, "train"),
         (sinklab.lab.sweep, "run_sweep"),

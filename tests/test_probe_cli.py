@@ -102,7 +102,7 @@ def test_tokens_beyond_text_and_positions(capsys, tmp_path: Path, tiny_model_dir
     proc = cli(capsys, "--model", model, "--text", str(short), "--tokens", "100")
     assert_one_line_error(proc, "has only 30 tokens, fewer than the 100 asked for")
     proc = cli(capsys, "--model", model, "--tokens", "600")
-    assert_one_line_error(proc, "600 tokens exceed the 512 positions")
+    assert_one_line_error(proc, "--tokens 600 needs 600 positions but ")
 
 
 def test_uncapturable_model_says_which(capsys, tmp_path: Path, tiny_tokenizer):

@@ -15,8 +15,8 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-import click
 import typer
+from typer._click.exceptions import NoArgsIsHelpError, UsageError  # typer's own copy of click
 
 from sinklab.errors import SinklabError
 
@@ -116,7 +116,7 @@ def _silence_stdout() -> None:
         pass
 
 
-def _usage_line(exc: click.UsageError) -> str:
+def _usage_line(exc: UsageError) -> str:
     """A usage error as one line: the message and where to read the options."""
     message = " ".join(exc.format_message().split())
     ctx = exc.ctx
@@ -127,11 +127,11 @@ def _usage_line(exc: click.UsageError) -> str:
 def _run(argv: list[str] | None) -> int:
     try:
         code = app(args=argv, prog_name="sinklab", standalone_mode=False)
-    except click.exceptions.NoArgsIsHelpError:
+    except NoArgsIsHelpError:
         return _run(["--help"])
-    except click.UsageError as exc:
+    except UsageError as exc:
         raise SinklabError(_usage_line(exc)) from None
-    except click.exceptions.Abort:  # EOF on a prompt
+    except typer.Abort:  # EOF on a prompt
         raise KeyboardInterrupt from None
     return code if isinstance(code, int) else 0
 

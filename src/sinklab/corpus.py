@@ -143,6 +143,20 @@ def load_text(spec: str | None = None) -> Text:
     return Text(path.name, read_text_file(path), str(path.resolve()))
 
 
+def check_token_spec(token: str) -> str:
+    """The text of a token spec with its backslash escapes (``\\n``, ``\\u00e9``) applied; a
+    one-line error for a broken escape such as ``\\x``."""
+    if "\\" not in token:
+        return token
+    try:
+        return token.encode("latin-1", "backslashreplace").decode("unicode_escape")
+    except UnicodeDecodeError as err:
+        raise SinklabError(
+            f"{token!r} has a broken escape ({err.reason}); write e.g. '\\n' for a newline or "
+            "'\\u00e9' for a character, or pass 'bos', 'eos' or a token id"
+        ) from None
+
+
 def resolve_token(tokenizer: Any, token: str | int) -> int:
     """A token id from "bos", "eos", an integer id, or a string that is exactly one token."""
     if isinstance(token, int) or (isinstance(token, str) and token.isdigit()):
@@ -157,7 +171,7 @@ def resolve_token(tokenizer: Any, token: str | int) -> int:
         if tid is None:
             raise SinklabError(f"this tokenizer has no {token.upper()} token; pass another token")
         return int(tid)
-    token = token.encode().decode("unicode_escape") if "\\" in token else token
+    token = check_token_spec(token)
     ids = tokenizer(token, add_special_tokens=False).input_ids
     if len(ids) != 1:
         raise SinklabError(

@@ -19,28 +19,45 @@ from sinklab.commands.common import (
     SeedOpt,
     TextOpt,
     TrustOpt,
+    check_positions,
     emit_json,
+    given,
+    parse_float_list,
     parse_int_list,
     progress,
+    split_list,
     stderr,
 )
 from sinklab.errors import SinklabError
 
+# options that only some experiments read: passing one to another experiment is refused
+APPLIES = {
+    "lams": ("density",),
+    "protocol": ("density",),
+    "temperatures": ("density",),
+    "grid": ("sensitivity",),
+    "probes": ("sensitivity",),
+    "texts": ("geometry",),
+    "positions": ("mask-sink", "sensitivity"),
+    "layers": ("mask-sink", "density", "sensitivity"),
+    "heads": ("mask-sink", "density", "sensitivity"),
+}
 
-def _floats(value: str | None, name: str) -> tuple[float, ...] | None:
-    if value is None:
-        return None
-    try:
-        return tuple(float(p) for p in value.split(",") if p.strip())
-    except ValueError:
-        raise SinklabError(f"{name} must be comma-separated numbers, got {value!r}") from None
+
+def _refuse_inapplicable(ctx: typer.Context, experiment: str) -> None:
+    for name, experiments in APPLIES.items():
+        if given(ctx, name) and experiment not in experiments:
+            raise SinklabError(
+                f"--{name} has no effect on -e {experiment} (only on "
+                f"{' / '.join(experiments)}); drop it"
+            )
 
 
 def _ints(value: str | None, name: str) -> tuple[int, ...] | None:
     """'0,2' or a range '4-8' (inclusive) or both: '0,4-8'."""
     if value is not None and "-" in value:
         out: list[int] = []
-        for part in (p.strip() for p in value.split(",") if p.strip()):
+        for part in split_list(value, name, "0,4-8"):
             lo, sep, hi = part.partition("-")
             if not sep:
                 out += parse_int_list(part, name) or []
@@ -61,6 +78,7 @@ def _experiment_help() -> str:
 
 
 def ablate(
+    ctx: typer.Context,
     experiment: Annotated[
         str,
         typer.Option(
@@ -125,9 +143,10 @@ def ablate(
 
     # Cheap checks first: nothing loads before the arguments are known to be sane.
     check_experiment(experiment)
-    kw: dict = {"lams": _floats(lams, "--lams")} if lams is not None else {}
+    _refuse_inapplicable(ctx, experiment)
+    kw: dict = {"lams": parse_float_list(lams, "--lams", "0,0.5,1")} if lams is not None else {}
     if temperatures is not None:
-        kw["temperatures"] = _floats(temperatures, "--temperatures")
+        kw["temperatures"] = parse_float_list(temperatures, "--temperatures", "0.5,1,2")
     config = AblationConfig(
         q0=q0,
         positions=_ints(positions, "--positions") or (0,),
@@ -147,6 +166,7 @@ def ablate(
     with stderr.status("loading model"):
         loaded = load_model(model, dtype=dtype, device=device, trust_remote_code=trust_remote_code)
     config.check_model(*model_shape(loaded.model))  # layer / head ranges, before any work
+    check_positions(loaded.info, tokens, "--tokens")
     ids = experiment_ids(
         text, txt, loaded.tokenizer, tokens, texts if get_experiment(experiment).texts else 1
     )  # (B, T)

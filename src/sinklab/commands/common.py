@@ -29,6 +29,32 @@ class OutputFormat(StrEnum):
     json = "json"
 
 
+def short(value: str, n: int = 60) -> str:
+    """``value`` for an error message: quoted, and cut in the middle when long."""
+    return repr(value if len(value) <= n else f"{value[: n - 15]}...{value[-12:]}")
+
+
+def _spec(option: str, default: str):
+    """A --model / --text check: not empty, and a usable name if it is read as a path."""
+
+    def check(value: str | None) -> str | None:
+        if value is None:
+            return None
+        if not value.strip():
+            raise SinklabError(f"{option} is empty; omit {option} for {default}, or pass one")
+        try:
+            Path(value).expanduser().exists()
+        except (OSError, RuntimeError, ValueError) as err:  # too long, ~nosuchuser, a NUL
+            why = err.strerror if isinstance(err, OSError) and err.strerror else str(err)
+            raise SinklabError(
+                f"{option} {short(value)} is not a usable file or folder name ({why}); "
+                f"pass an existing one, or omit {option} for {default}"
+            ) from None
+        return value
+
+    return check
+
+
 ModelOpt = Annotated[
     str | None,
     typer.Option(
@@ -37,6 +63,7 @@ ModelOpt = Annotated[
         help="Model: 'smollm2-135m' (embedded default), a local folder, or a Hugging Face id "
         "already in the local cache.",
         show_default="smollm2-135m",
+        callback=_spec("--model", "the embedded smollm2-135m"),
     ),
 ]
 TextOpt = Annotated[
@@ -47,6 +74,7 @@ TextOpt = Annotated[
         help="Text: 'shakespeare' (embedded plays, default), 'shakespeare:hamlet', "
         "or a UTF-8 file.",
         show_default="shakespeare",
+        callback=_spec("--text", "the embedded plays"),
     ),
 ]
 FormatOpt = Annotated[
@@ -82,17 +110,62 @@ def emit_json(data: Any) -> None:
     sys.stdout.write("\n")
 
 
+def split_list(value: str, name: str, example: str) -> list[str]:
+    """'a, b' -> ['a', 'b']: the one rule for every comma-separated option (an empty item, as in
+    'a,' or 'a,,b', is refused: it is usually a typo)."""
+    parts = [p.strip() for p in value.split(",")]
+    if not any(parts):
+        raise SinklabError(f"{name} is empty; pass comma-separated values, e.g. {example}")
+    if not all(parts):
+        raise SinklabError(
+            f"{name} {short(value)} has an empty item; separate values with single commas, "
+            f"e.g. {example}"
+        )
+    return parts
+
+
 def parse_int_list(value: str | None, name: str) -> list[int] | None:
     """'128,512,2048' -> [128, 512, 2048]; a clear error for anything else."""
     if value is None:
         return None
-    parts = [p.strip() for p in value.split(",") if p.strip()]
-    if not parts:
-        raise SinklabError(f"{name} is empty; pass comma-separated integers, e.g. 128,512")
+    parts = split_list(value, name, "128,512")
     try:
         return [int(p) for p in parts]
     except ValueError:
-        raise SinklabError(f"{name} must be comma-separated integers, got {value!r}") from None
+        raise SinklabError(f"{name} must be comma-separated integers, got {short(value)}") from None
+
+
+def parse_float_list(value: str | None, name: str, example: str) -> tuple[float, ...] | None:
+    """'0,0.5,1' -> (0.0, 0.5, 1.0); ranges are checked by the configs."""
+    if value is None:
+        return None
+    try:
+        return tuple(float(p) for p in split_list(value, name, example))
+    except ValueError:
+        raise SinklabError(
+            f"{name} must be comma-separated numbers, e.g. {example}; got {short(value)}"
+        ) from None
+
+
+def given(ctx: typer.Context, name: str) -> bool:
+    """Whether the option ``name`` (its parameter name) was passed on the command line."""
+    source = ctx.get_parameter_source(name)
+    return source is not None and source.name not in ("DEFAULT", "DEFAULT_MAP")
+
+
+POSITION_RULE = "sinklab never runs a model on more positions than it has"
+
+
+def check_positions(info: Any, n_tokens: int, option: str, why: str = "") -> None:
+    """The one rule for a model's position limit (``max_position_embeddings``), for every
+    command: a run that attends over ``n_tokens`` tokens at once needs that many positions.
+    ``option`` is what the user lowers; ``why`` says which run holds them all (optional)."""
+    limit = info.max_positions
+    if limit is not None and n_tokens > limit:
+        raise SinklabError(
+            f"{option} {n_tokens} needs {n_tokens} positions{why} but {info.name} has {limit}, "
+            f"and {POSITION_RULE}; pass {option} {limit} or fewer"
+        )
 
 
 @contextmanager

@@ -18,7 +18,9 @@ from sinklab.commands.common import (
     OutputFormat,
     TextOpt,
     TrustOpt,
+    check_positions,
     emit_json,
+    parse_float_list,
     parse_int_list,
     progress,
     stderr,
@@ -26,17 +28,6 @@ from sinklab.commands.common import (
 from sinklab.errors import SinklabError
 
 DEFAULT_TOKENS = 1024
-
-
-def parse_eps(value: str) -> tuple[float, ...]:
-    """'0.3,0.8' -> (0.3, 0.8); range checks happen in ProbeConfig."""
-    parts = [p.strip() for p in value.split(",") if p.strip()]
-    try:
-        return tuple(float(p) for p in parts)
-    except ValueError:
-        raise SinklabError(
-            f"--eps must be numbers in (0, 1), e.g. 0.3,0.8; got {value!r}"
-        ) from None
 
 
 def probe(
@@ -67,7 +58,7 @@ def probe(
 
     Example: sinklab probe --tokens 1024 --q0 16 --lengths 128,512,2048 --out runs/probe
     """
-    from sinklab.corpus import load_text, token_stream
+    from sinklab.corpus import check_token_spec, load_text, token_stream
     from sinklab.meta import attach_meta
     from sinklab.models import load_model
     from sinklab.outputs import check_out, write_results
@@ -78,25 +69,23 @@ def probe(
     from sinklab.seam import check_supported
 
     # cheap checks first, before the model loads
-    config = ProbeConfig(q0=q0, eps=parse_eps(eps))
+    config = ProbeConfig(q0=q0, eps=parse_float_list(eps, "--eps", "0.3,0.8") or ())
     if tokens < 2:
         raise SinklabError(f"--tokens must be at least 2, got {tokens}")
     if q0 >= tokens:
         raise SinklabError(f"--q0 {q0} leaves no query among --tokens {tokens}; use q0 < {tokens}")
     ns = parse_int_list(lengths, "--lengths")
     if ns is not None:
-        ns = check_lengths(ns, 1 << 62, q0)
+        ns = check_lengths(ns, max(ns), q0)  # the upper bound: the model's positions, below
+    if prepend is not None:
+        check_token_spec(prepend)
     need = max([tokens, *(ns or [])])
     out = check_out(out, "probe")
     txt = load_text(text)
     with stderr.status("loading model"):
         loaded = load_model(model, dtype=dtype, device=device, trust_remote_code=trust_remote_code)
     info = loaded.info
-    if info.max_positions is not None and need > info.max_positions:
-        raise SinklabError(
-            f"{need} tokens exceed the {info.max_positions} positions {info.name} supports; "
-            f"ask for at most {info.max_positions}"
-        )
+    check_positions(info, need, "--tokens" if need == tokens else "--lengths")
     ids = token_stream(txt, loaded.tokenizer, need, prepend=prepend)
     check_supported(loaded.model)  # before the progress bar: a clean one-line error
 

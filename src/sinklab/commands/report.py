@@ -16,9 +16,17 @@ from rich.progress import (
     TimeRemainingColumn,
 )
 
-from sinklab.commands.common import DeviceOpt, DtypeOpt, ModelOpt, TextOpt, TrustOpt, stderr
+from sinklab.commands.common import (
+    DeviceOpt,
+    DtypeOpt,
+    ModelOpt,
+    TextOpt,
+    TrustOpt,
+    split_list,
+    stderr,
+)
 from sinklab.corpus import DEFAULT_TEXT, load_text
-from sinklab.models import DEFAULT_MODEL, load_model
+from sinklab.models import DEFAULT_MODEL
 
 DEFAULT_OUT = Path("sinklab-report")
 
@@ -61,15 +69,21 @@ def report(
 
     Example: sinklab report --quick --out my-report
     """
+    from sinklab.models import load_model
     from sinklab.report import ReportConfig, build_report, check_out_dir, select_stages
     from sinklab.report.stages import StageResult, parse_overrides
 
-    chosen = select_stages(stages.split(",") if stages is not None else None)
+    chosen = select_stages(
+        split_list(stages, "--stages", "probe,stream") if stages is not None else None
+    )
     config = ReportConfig.preset(quick, **parse_overrides(overrides or []))
     out = check_out_dir(out)  # cheap checks first: a bad folder fails before the model loads
     with stderr.status("loading model and text"):
         txt = load_text(text)
         loaded = load_model(model, dtype=dtype, device=device, trust_remote_code=trust_remote_code)
+    config, notes = config.fit(loaded.info.max_positions, loaded.info.name)  # clamp, and say so
+    for note in notes:
+        stderr.print(note, highlight=False, soft_wrap=True)
     columns = (
         SpinnerColumn(),
         TextColumn("[bold]{task.description}"),
@@ -101,6 +115,7 @@ def report(
             text_spec=text or DEFAULT_TEXT,
             callback=update,
             on_stage=stage_done,
+            notes=notes,
         )
     for sentence in result.data["summary"]:
         stderr.print(f"  • {sentence}", highlight=False, soft_wrap=True)

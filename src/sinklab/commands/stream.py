@@ -18,6 +18,8 @@ from sinklab.commands.common import (
     TextOpt,
     TrustOpt,
     WindowOpt,
+    check_positions,
+    split_list,
     stderr,
 )
 from sinklab.errors import SinklabError
@@ -34,7 +36,9 @@ PolicyOpt = Annotated[
 
 def parse_policies(value: str) -> tuple[str, ...]:
     """'all' | 'sink' | 'window,sink' -> the policies, validated."""
-    names = list(POLICIES) if value.strip() == "all" else [v.strip() for v in value.split(",")]
+    names = (
+        list(POLICIES) if value.strip() == "all" else split_list(value, "--policy", "sink,window")
+    )
     bad = [n for n in names if n not in POLICIES]
     if bad or not names:
         raise SinklabError(
@@ -99,6 +103,8 @@ def stream(
     txt = load_text(text)
     with stderr.status("loading model"):
         loaded = load_model(model, dtype=dtype, device=device, trust_remote_code=trust_remote_code)
+        if "dense" in config.policies:
+            check_positions(loaded.info, tokens, "--tokens", " (the dense policy keeps them all)")
         if moving := [p for p in config.policies if p in ("window", "sink", "sink-auto")]:
             policy_check = "window" if moving == ["window"] else "sink"  # dense moves no key
             SinkCache(loaded.model, CacheConfig(policy_check, n_sink, window))  # can it stream?

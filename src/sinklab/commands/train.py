@@ -8,7 +8,16 @@ from typing import Annotated
 
 import typer
 
-from sinklab.commands.common import FormatOpt, OutputFormat, SeedOpt, emit_json, progress, stderr
+from sinklab.commands.common import (
+    FormatOpt,
+    OutputFormat,
+    SeedOpt,
+    emit_json,
+    given,
+    progress,
+    stderr,
+)
+from sinklab.errors import SinklabError
 
 
 class Sweep(StrEnum):
@@ -24,6 +33,7 @@ class Task(StrEnum):
 
 
 def train(
+    ctx: typer.Context,
     task: Annotated[
         Task,
         typer.Option(
@@ -76,7 +86,6 @@ def train(
     sinklab train --variant softmax1 --data packed --steps 600;
     sinklab train --preset gpu --sweep data
     """
-    from sinklab.errors import SinklabError
     from sinklab.lab.distributed import train_distributed
     from sinklab.lab.presets import preset as make_preset
     from sinklab.lab.ranks import check_nproc
@@ -96,6 +105,12 @@ def train(
         "n_triggers": n_triggers,
     }
     overrides = {k: v for k, v in sizes.items() if v is not None}
+    swept = {Sweep.variants: "variant", Sweep.data: "data"}.get(sweep)
+    if swept is not None and given(ctx, swept):
+        raise SinklabError(
+            f"--{swept} has no effect with --sweep {sweep.value} (the sweep trains every "
+            f"{swept}); drop one of them"
+        )
     config = make_preset(
         preset, task=task.value, variant=variant, data=data, seed=seed, **overrides
     )

@@ -35,6 +35,8 @@ from sinklab.probe import ProbeConfig, probe
 
 log = logging.getLogger(__name__)
 
+MAX_VOCAB = 65536  # far above what the corpus's BPE can fill
+MAX_PARAMS = 500_000_000  # a lab model is tiny; this already needs ~8 GB with Adam's state
 EPS = (0.3, 0.8)  # sink-head thresholds (Gu et al., Barbero et al.), docs/metrics.md#q0-eps
 TASKS = ("text", "backcopy")
 TASK_DATA = {"text": DATA_STRATEGIES, "backcopy": BACKCOPY_DATA}
@@ -95,6 +97,18 @@ class TrainConfig:
             raise SinklabError("n_checkpoints and eval_windows must be >= 1")
         if self.n_triggers < 1:
             raise SinklabError(f"--n-triggers must be >= 1, got {self.n_triggers}")
+        if not 1 <= self.vocab_size <= MAX_VOCAB:
+            raise SinklabError(
+                f"--vocab-size must be in 1..{MAX_VOCAB} (the BPE of the corpus has no more "
+                f"tokens to fill), got {self.vocab_size}"
+            )
+        n_params = 2 * self.vocab_size * self.d_model + 12 * self.layers * self.d_model**2
+        if n_params > MAX_PARAMS:
+            raise SinklabError(
+                f"a {self.layers}-layer, d_model {self.d_model}, vocab {self.vocab_size} model has "
+                f"~{n_params:.2g} parameters; lab models are tiny (at most {MAX_PARAMS:.0e}): "
+                "use smaller --layers / --d-model"
+            )
 
     def data_config(self) -> DataConfig:
         return DataConfig(

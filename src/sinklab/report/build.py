@@ -74,16 +74,18 @@ def build_report(
     text_spec: str,
     callback: ReportCallback | None = None,
     on_stage: Callable[[StageResult], None] | None = None,
+    notes: Sequence[str] = (),
 ) -> Report:
     """Run ``stages`` in order on ``loaded`` and write the report to ``out`` (atomically).
 
     ``callback(done, total, label)`` reports progress in estimated seconds; ``on_stage(result)``
-    is called as each stage finishes.
+    is called as each stage finishes; ``notes`` (e.g. sizes clamped to the model) lead the
+    summary.
     """
     out = check_out(out, COMMAND)
     with output_dir(out, COMMAND) as tmp:
         report = _build_in(
-            tmp, loaded, text, stages, config, model_spec, text_spec, callback, on_stage, out
+            tmp, loaded, text, stages, config, model_spec, text_spec, callback, on_stage, out, notes
         )
     report.out = out
     return report
@@ -100,6 +102,7 @@ def _build_in(
     callback: ReportCallback | None,
     on_stage: Callable[[StageResult], None] | None,
     final_out: Path,
+    notes: Sequence[str] = (),
 ) -> Report:
     start = time.perf_counter()
     costs = [max(0.1, float(s.cost(config))) for s in stages]
@@ -135,7 +138,7 @@ def _build_in(
         done += cost
         progress(1.0, results[-1].status)
     seconds = time.perf_counter() - start
-    summary = headline(results)
+    summary = [*notes, *headline(results)]
     data = {
         "meta": None,  # attach_meta below
         "summary": summary,

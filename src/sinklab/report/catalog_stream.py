@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from sinklab import figures
 from sinklab.report.stages import (
     Cell,
     FigureSpec,

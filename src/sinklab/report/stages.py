@@ -19,7 +19,7 @@ from __future__ import annotations
 import time
 import traceback
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -76,6 +76,32 @@ class ReportConfig:
                 f"report q0 must be in [0, {min(self.probe_tokens, self.ablate_tokens)}), "
                 f"got {self.q0}"
             )
+
+    def fit(self, max_positions: int | None, model: str) -> tuple[ReportConfig, list[str]]:
+        """The sizes that run on a model with ``max_positions`` positions (every length past it
+        clamped to it), and one sentence per clamp, to say so (the config records what ran)."""
+        if not max_positions:
+            return self, []
+        notes, changes = [], {}
+        for name in ("probe_tokens", "stream_tokens", "ablate_tokens"):
+            value = getattr(self, name)
+            if value > max_positions:
+                changes[name] = max_positions
+                notes.append(f"{name} {value} is past the {max_positions} positions of {model}")
+        past = [n for n in self.probe_lengths if n > max_positions]
+        if past:
+            changes["probe_lengths"] = tuple(
+                sorted({min(n, max_positions) for n in self.probe_lengths})
+            )
+            notes.append(
+                f"probe_lengths {', '.join(map(str, past))} "
+                f"{'is' if len(past) == 1 else 'are'} past the {max_positions} positions of {model}"
+            )
+        if not changes:
+            return self, []
+        fitted = replace(self, **changes)
+        ran = ", ".join(f"{k}={getattr(fitted, k)}" for k in changes)
+        return fitted, [f"Sizes: {'; '.join(notes)}, so the report ran {ran}."]
 
     @classmethod
     def preset(cls, quick: bool, **overrides: Any) -> ReportConfig:
