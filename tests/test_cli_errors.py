@@ -138,11 +138,11 @@ def test_report_clamps_a_length_past_the_model_and_says_so(capsys, tmp_path, tin
                    "--stages", "probe-lengths", "--set", "probe_lengths=32,99999",
                    "--set", "probe_tokens=24", "--out", str(out))  # fmt: skip
     assert run.returncode == 0, run.stderr
-    note = "Sizes: probe_lengths 99999 is past the 512 positions of"
-    assert note in " ".join(run.stderr.split())
+    note = "probe_lengths 99999 is past the 512 positions of"
+    assert "Sizes: " in run.stderr and note in " ".join(run.stderr.split())
     data = json.loads((out / "results.json").read_text())
     assert data["meta"]["params"]["probe_lengths"] == [32, 512]  # what ran, not what was asked
-    assert data["summary"][0].startswith(note)
+    assert data["summary"][0].startswith("Sizes: ") and note in data["summary"][0]
     stage = data["stages"]["probe-lengths"]
     assert stage["status"] == "ok", stage["traceback"]
     assert [r["tokens"] for r in stage["json"]["by_length"]] == [32, 512]
