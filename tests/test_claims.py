@@ -157,6 +157,7 @@ def test_lab_claims_pair_runs_that_differ_in_one_field(tmp_path):
         _write_run(tmp_path / f"s{s}" / "softmax1", seed=s, variant="softmax1", nt=0.05, null=0.6)
         _write_run(tmp_path / f"s{s}" / "deep", seed=s, layers=4, mass=0.2)  # fewer sinks deeper
         _write_run(tmp_path / f"s{s}" / "packed", seed=s, data="packed", damage=0.3)
+    _write_run(tmp_path / "another-sweep" / "softmax", seed=0, nt=0.4)  # a copy: one sample
     (tmp_path / "broken").mkdir()
     (tmp_path / "broken" / "train.json").write_text("{not json")
     assert len(load_lab_runs(tmp_path)) == 12

@@ -62,21 +62,27 @@ class LabRun:
 
 
 def load_lab_runs(folder: Path) -> list[LabRun]:
-    """Every readable ``train.json`` below ``folder`` (sorted by path); SinklabError if ``folder``
-    is not a folder. Unreadable files are skipped (logged)."""
+    """Every readable ``train.json`` below ``folder`` (sorted by path), each configuration once
+    (sweeps share runs: the same run in two folders is one sample); SinklabError if ``folder`` is
+    not a folder. Unreadable files are skipped (logged)."""
     folder = Path(folder).expanduser()
     if not folder.is_dir():
         raise SinklabError(f"--lab {str(folder)!r} is not a folder; pass a folder of train runs")
-    runs = []
+    runs: list[LabRun] = []
+    seen: set[tuple] = set()
     for path in sorted(folder.rglob("train.json")):
         try:
             raw = json.loads(path.read_text(encoding="utf-8"))
             config, checkpoints = dict(raw["config"]), list(raw["checkpoints"])
-            runs.append(
-                LabRun(path.parent, config, dict(checkpoints[-1]), dict(raw.get("val", {})))
-            )
+            run = LabRun(path.parent, config, dict(checkpoints[-1]), dict(raw.get("val", {})))
         except (OSError, ValueError, KeyError, TypeError, IndexError) as exc:
             log.warning("skipping %s: %s", path, exc)
+            continue
+        if run.key() in seen:  # one run found in two sweeps' folders is one sample, not two
+            log.info("skipping %s: the same configuration as a run already read", path)
+            continue
+        seen.add(run.key())
+        runs.append(run)
     return runs
 
 
