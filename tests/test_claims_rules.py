@@ -122,3 +122,10 @@ def test_docs_table_and_registry_agree():
     assert get_claim("sink-cheaper").source == "cost"
     with pytest.raises(SinklabError, match="unknown claim"):
         get_claim("nope")
+
+
+def test_the_experiment_records_name_only_known_claims():
+    from sinklab.ablate.registry import RECORDS, experiments_for_claim
+
+    assert all(c in [k.id for k in CLAIMS] for r in RECORDS for c in r.claims)
+    assert [r.name for r in experiments_for_claim("sink-stops-mixing")]  # at least one

@@ -17,6 +17,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from sinklab.ablate.registry import experiments_for_claim
 from sinklab.claims.measure_lab import LAB_CLAIMS, measure_cost, measure_lab
 from sinklab.claims.measure_model import (
     Measurement,
@@ -128,6 +129,7 @@ class ClaimRow:
             "direction": c.direction,
             "threshold": c.threshold,
             "source": c.source,
+            "experiments": [r.name for r in experiments_for_claim(c.id)],
             "effect": None if iv is None else iv.mean,
             "interval": None if iv is None else [iv.low, iv.high],
             "n_samples": len(self.measurement.samples),
