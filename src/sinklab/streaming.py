@@ -70,7 +70,11 @@ class StreamConfig:
     segment: int = 1000  # tokens per entry of segment_ppl
     method: str = "chunked"  # chunked (C queries per forward) | step (one token per forward)
     chunk: int = DEFAULT_CHUNK  # chunked: queries per forward
-    oracle_batch: int = 16  # chunked: recompute windows per forward (step: one at a time)
+    # chunked: recompute windows per forward (step: one at a time). On CPU a 513-token window is
+    # already matmul-bound: 16 per forward cost 1.32 vs 1.14 CPU s a target (SmolLM2, one thread,
+    # benchmarks/results/2026-12-01/stream-methods.json), so 1; batches pay off on accelerators.
+    # Either way the targets still inside the first window come from one forward over the prefix.
+    oracle_batch: int = 1
 
     def __post_init__(self) -> None:
         if self.method not in METHODS:
