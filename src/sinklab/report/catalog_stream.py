@@ -119,8 +119,6 @@ def dense_collapse(data: dict[str, Any], block: int) -> dict[str, Any] | None:
 
 
 def _block_figure(ctx: StageContext, data: dict[str, Any]) -> FigureSpec:
-    from sinklab import figures
-
     p, pols = _params(ctx), data["policies"]
     cached = {n: r["segment_ppl"] for n, r in pols.items() if n != "recompute"}
     n = max(len(v) for v in cached.values())
