@@ -43,7 +43,7 @@ def test_summary_sentence_comes_from_the_record():
             self.output = type("Out", (), {"json": data})()
 
     rec = get_experiment("density")
-    out = headline([Result("density", {"finding": "x rises"})], config=None)
+    out = headline([Result("density", {"finding": "x rises"})])
     assert out == [f"{rec.title}: x rises."] == [rec.summary({"finding": "x rises"})]
 
 
