@@ -55,6 +55,11 @@ def test_shared_direction_sets_the_mean_cosine_and_zero_keeps_random_tokens():
 def test_bad_cost_config():
     with pytest.raises(SinklabError, match="lengths"):
         CostConfig(lengths=(2,))
+    with pytest.raises(SinklabError, match="2 or more distinct"):
+        CostConfig(lengths=(8,))
+    for twice in ((8, 8), (8, 16, 16)):  # a fit from one length (R^2 = 1) or a T counted twice
+        with pytest.raises(SinklabError, match="twice"):
+            CostConfig(lengths=twice)
     with pytest.raises(SinklabError, match="task"):
         CostConfig(tasks=("ring",))
     with pytest.raises(SinklabError, match="shared"):

@@ -59,6 +59,12 @@ class CostConfig:
     def __post_init__(self) -> None:
         if not self.lengths or any(t < 4 or t > 4096 for t in self.lengths):
             raise SinklabError(f"--lengths must be integers in 4..4096, got {self.lengths}")
+        if len(set(self.lengths)) != len(self.lengths):
+            raise SinklabError(f"--lengths has a length twice ({self.lengths}); list each T once")
+        if len(self.lengths) < 2:
+            raise SinklabError(
+                f"--lengths needs 2 or more distinct lengths to fit an exponent, got {self.lengths}"
+            )
         if bad := [t for t in self.tasks if t not in TASKS]:
             raise SinklabError(f"unknown task(s) {bad}; use sink, diagonal or both")
         if not 0.5 <= self.accuracy < 1:
