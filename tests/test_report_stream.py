@@ -22,3 +22,11 @@ def test_report_streams_for_real():
     quick, full = ReportConfig.preset(True), ReportConfig.preset(False)
     assert (quick.stream_tokens, quick.n_sink, quick.window) == (4000, 4, 252)
     assert (full.stream_tokens, full.n_sink, full.window) == (20000, 4, 508)
+
+
+def test_block_is_an_integer_number_of_tokens():
+    """The quick (4,000) and full (20,000) sizes: a float block broke segment_ppl's range()."""
+    from sinklab.report.catalog_stream import _block
+
+    for tokens, block in ((4000, 100), (20000, 500), (480, 50), (64, 50)):
+        assert _block(tokens) == block and isinstance(_block(tokens), int)

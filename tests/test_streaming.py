@@ -92,6 +92,7 @@ def test_segment_ppl_skips_nan():
         (dict(policies=("x",)), "unknown"),
         (dict(recompute_every=0), "recompute_every"),
         (dict(n_tokens=1), "at least 2"),
+        (dict(segment=100.0), "segment must be a positive integer"),
     ],
 )
 def test_bad_stream_configs(kwargs, needle):

@@ -94,8 +94,8 @@ class StreamConfig:
             "oracle_batch": self.oracle_batch,
         }
         for name, value in sizes.items():
-            if value < 1:
-                raise SinklabError(f"{name} must be a positive integer, got {value}")
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise SinklabError(f"{name} must be a positive integer, got {value!r}")
         if self.n_tokens < 2:
             raise SinklabError(f"tokens must be at least 2, got {self.n_tokens}")
 

@@ -36,7 +36,7 @@ def _params(ctx: StageContext) -> dict[str, Any]:
 
 def _block(tokens: int) -> int:
     """Tokens per point of the block-perplexity figure: about 40 points, at least 50 tokens."""
-    return max(50, round(tokens / 40, -1))
+    return max(50, int(round(tokens / 40, -1)))
 
 
 def _command(ctx: StageContext) -> list[str]:
