@@ -17,7 +17,7 @@ from helpers import one_line_error, run_main
 from sinklab.meta import META_KEYS
 from sinklab.outputs import MARKER, output_dir
 
-WRITERS = ("probe", "stream", "ablate", "cost", "generate", "train", "report")
+WRITERS = ("probe", "stream", "ablate", "cost", "generate", "train", "report", "claims")
 
 
 def _args(command: str, model: str, out: Path) -> list[str]:
@@ -35,6 +35,7 @@ def _args(command: str, model: str, out: Path) -> list[str]:
         "train": ["train", "--steps", "2", "--layers", "1", "--d-model", "16", "--heads", "2",
                   "--seq-len", "16", "--batch-size", "2", "--vocab-size", "300"],
         "report": ["report", *m, "--quick", "--stages", "probe", "--set", "probe_tokens=24"],
+        "claims": ["claims", *m, "--claims", "first-token-sinks", "--tokens", "24"],
     }[command] + ["--out", str(out)]  # fmt: skip
 
 
