@@ -1,12 +1,13 @@
 """Benchmark: fused softmax1 / sink attention against plain SDPA and the materialised reference.
 
-Run ``python benchmarks/attention_variants.py`` (``--help`` for sizes). Protocol (DESIGN.md,
-"Benchmark protocol"): every implementation runs in its own fresh subprocess (this script with
-``--child IMPL``), the implementations alternate A B C D E, A B C D E, ... for ``--rounds`` rounds;
-each child warms up once, then times ``--reps`` calls and reports their median and its peak RSS
-(``ru_maxrss``) minus its own baseline after imports, inputs and a tiny warm-up call, so the
-figure is the attention's own. ``torch.set_num_threads`` is fixed in every child. Prints ONE JSON
-object: per-implementation medians over rounds, per-round figures, and the ratios.
+Run ``python benchmarks/attention_variants.py`` (``--help`` for sizes). Protocol
+(docs/benchmarks.md#protocol): every implementation runs in its own fresh subprocess (this
+script with ``--child IMPL``), the implementations alternate A B C D E, A B C D E, ... for
+``--rounds`` rounds; each child warms up once, then times ``--reps`` calls and reports their
+median and its peak RSS (``ru_maxrss``) minus its own baseline after imports, inputs and a tiny
+warm-up call, so the figure is the attention's own. ``torch.set_num_threads`` is fixed in every
+child. Prints ONE JSON object: per-implementation medians over rounds, per-round figures, and
+the ratios.
 """
 
 from __future__ import annotations
