@@ -29,6 +29,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
+from weakref import WeakKeyDictionary
 
 import torch
 import torch.nn.functional as F
@@ -181,7 +182,9 @@ class BandState:
 
 
 # ------------------------------------------------------------------ the registered function
-_STATES: dict[int, tuple[BandState, int]] = {}  # id(attention module) -> (state, layer)
+# attention module -> (state, layer); weak keys, like sinklab.seam.binding: a module that is gone
+# leaves nothing behind, and an id() reused by a new module can never see a stale state
+_STATES: WeakKeyDictionary[nn.Module, tuple[BandState, int]] = WeakKeyDictionary()
 
 
 def band_attention_forward(
@@ -195,7 +198,7 @@ def band_attention_forward(
     **kwargs: Any,
 ) -> tuple[Tensor, None]:
     """The function registered as :data:`BAND_ATTN`: ``(output (B, C, H, D), None)``."""
-    bound = _STATES.get(id(module))
+    bound = _STATES.get(module)
     if bound is None:
         raise SinklabError(f"{BAND_ATTN} attention used outside sinklab.chunked.band_attention")
     state, layer = bound
@@ -237,13 +240,13 @@ def band_attention(model: nn.Module, state: BandState) -> Iterator[nn.Module]:
         raise SinklabError(f"no attention layers found in {type(model).__name__}")
     previous = model.config._attn_implementation
     for m, i in layers:
-        _STATES[id(m)] = (state, i)
+        _STATES[m] = (state, i)
     try:
         model.set_attn_implementation(BAND_ATTN)
         yield model
     finally:
         for m, _ in layers:
-            _STATES.pop(id(m), None)
+            _STATES.pop(m, None)
         model.set_attn_implementation(previous)
 
 
