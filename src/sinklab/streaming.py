@@ -99,6 +99,13 @@ class StreamConfig:
         if self.n_tokens < 2:
             raise SinklabError(f"tokens must be at least 2, got {self.n_tokens}")
 
+    def check_model(self, model: Any) -> None:
+        """Refuse, before any work, a model whose keys the sink cache cannot move (one-line
+        reason). ``dense`` moves no key, so it alone streams every model."""
+        moving = [p for p in self.policies if p in ("window", "sink", "sink-auto")]
+        if moving:
+            SinkCache(model, self.cache_config("window" if moving == ["window"] else "sink"))
+
     def cache_config(self, policy: str, sinks: Sequence[int] | None = None) -> CacheConfig:
         auto = tuple(sinks) if policy == "sink-auto" else None
         return CacheConfig(policy, self.n_sink, self.window, auto)

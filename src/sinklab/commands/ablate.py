@@ -171,15 +171,14 @@ def ablate(
         text, txt, loaded.tokenizer, tokens, texts if get_experiment(experiment).texts else 1
     )  # (B, T)
     start = time.perf_counter()
-    with progress(fmt is OutputFormat.text) as prog:
-        task = prog.add_task(experiment, total=None, status="")
+    with progress(fmt is OutputFormat.text) as bars:
         result = run_experiment(
             experiment,
             loaded.model,
             loaded.tokenizer,
             ids,
             config,
-            callback=lambda done, total: prog.update(task, completed=done, total=total),
+            callback=bars.callback(experiment),  # (done, total)
         )
     params = {
         **asdict(config),

@@ -106,14 +106,13 @@ def claims(
 
         with stderr.status("loading model"):
             loaded = load_model(model, trust_remote_code=trust_remote_code)
-    with progress(fmt is OutputFormat.text) as prog:
-        bar = prog.add_task("claims", total=None, status="")
+    with progress(fmt is OutputFormat.text) as bars:
         result = run_claims(
             loaded.model if loaded else None,
             loaded.tokenizer if loaded else None,
             config,
             max_positions=loaded.info.max_positions if loaded else None,
-            callback=lambda d, n, label: prog.update(bar, completed=d, total=n, status=label),
+            callback=bars.callback("claims"),  # (done, total, label)
         )
     if loaded is not None:
         result.meta.update(model=loaded.info.to_json(), texts=[t.to_json() for t in texts_read])

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from enum import StrEnum
 from pathlib import Path
@@ -14,12 +14,14 @@ import typer
 from rich.console import Console
 from rich.progress import (
     BarColumn,
-    MofNCompleteColumn,
     Progress,
+    ProgressColumn,
+    Task,
     TextColumn,
     TimeElapsedColumn,
     TimeRemainingColumn,
 )
+from rich.text import Text
 
 from sinklab.errors import SinklabError
 
@@ -168,18 +170,67 @@ def check_positions(info: Any, n_tokens: int, option: str, why: str = "") -> Non
         )
 
 
+class _Count(ProgressColumn):
+    """``done/total`` for a count, a percentage for a fraction (the report's stages), nothing
+    while the total is unknown."""
+
+    def render(self, task: Task) -> Text:
+        if task.total is None:
+            return Text("")
+        if float(task.total).is_integer() and task.total > 1:
+            return Text(f"{task.completed:.0f}/{task.total:.0f}", style="progress.download")
+        return Text(f"{task.percentage:>3.0f}%", style="progress.percentage")
+
+
+class _Rate(ProgressColumn):
+    """Work per second of a task that names its unit (``unit`` field), e.g. ``12.3 tok/s``."""
+
+    def render(self, task: Task) -> Text:
+        unit, elapsed = task.fields.get("unit"), task.elapsed
+        if not unit or not elapsed:
+            return Text("")
+        return Text(f"{task.completed * task.fields['scale'] / elapsed:.1f} {unit}/s")
+
+
+class Bars(Progress):
+    """The one progress display of every command: rich bars on stderr, fed by the libraries'
+    callbacks through :meth:`callback` (hidden when stderr is not a terminal, or disabled)."""
+
+    def callback(
+        self, name: str, total: float | None = None, *, unit: str = "", scale: float = 1.0
+    ) -> Callable[..., None]:
+        """A task ``name`` and its update function ``(done, total=None, status="")``. The
+        task's clock starts at its first update (tasks that run one after another, as the
+        stream's policies, each time their own work); ``unit`` shows a rate, ``done * scale``
+        per second (``scale``: work per step, e.g. the recompute oracle scores every K-th)."""
+        task = self.add_task(name, total=total, status="", unit=unit, scale=scale, start=False)
+
+        def update(done: float, total: float | None = None, status: str = "") -> None:
+            if self.tasks[task].start_time is None:
+                self.start_task(task)
+            self.update(task, completed=done, total=total, status=status)
+
+        return update
+
+
 @contextmanager
-def progress(enabled: bool = True) -> Iterator[Progress]:
-    """A rich progress display on stderr (hidden when not a terminal or when disabled)."""
-    prog = Progress(
+def progress(enabled: bool = True) -> Iterator[Bars]:
+    """The progress display (:class:`Bars`) on stderr, for the length of a ``with`` block.
+
+    Hidden when not a terminal or when disabled (``--format json``). It never redirects stdout
+    or stderr: ``generate`` writes its text to stdout while its bar runs."""
+    prog = Bars(
         TextColumn("[bold]{task.description}"),
         BarColumn(),
-        MofNCompleteColumn(),
+        _Count(),
+        _Rate(),
         TextColumn("{task.fields[status]}"),
         TimeElapsedColumn(),
         TimeRemainingColumn(),
         console=stderr,
         transient=False,
+        redirect_stdout=False,
+        redirect_stderr=False,
         disable=not enabled or not stderr.is_terminal,  # no bar frames in logs and pipes
     )
     with prog:

@@ -16,6 +16,7 @@ from sinklab.commands.common import (
     SeedOpt,
     TrustOpt,
     WindowOpt,
+    progress,
     stderr,
 )
 from sinklab.errors import SinklabError
@@ -80,21 +81,10 @@ def generate(
         sys.stdout.write(piece)
         sys.stdout.flush()
 
-    status = stderr.status("generating")
-    status.start()
-    import time
-
-    start = time.perf_counter()
-
-    def on_token(n: int) -> None:
-        if n % 16 == 0:
-            rate = n / max(1e-9, time.perf_counter() - start)
-            status.update(f"{n}/{max_new_tokens} tokens, {rate:.1f} tok/s")
-
-    try:
-        result = run(loaded.model, loaded.tokenizer, ids, config, on_text, on_token)
-    finally:
-        status.stop()
+    # the text is its own progress on a terminal; a bar on stderr when stdout goes to a file
+    with progress(enabled=not sys.stdout.isatty()) as bars:
+        tick = bars.callback("generating", max_new_tokens, unit="tok")
+        result = run(loaded.model, loaded.tokenizer, ids, config, on_text, tick)
     sys.stdout.write("\n")
     if out is not None:
         attach_meta(result, loaded.info, None, config, result.seconds)

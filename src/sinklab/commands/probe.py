@@ -91,14 +91,10 @@ def probe(
 
     start = time.perf_counter()
     n_runs = 1 + len(ns or [])
-    with progress(enabled=fmt is OutputFormat.text) as bar:
-        task = bar.add_task("probe", total=info.n_layers * n_runs, status="")
-
-        def tick(done: int, total: int, base: int = 0, label: str = "") -> None:
-            bar.update(task, completed=base + done, status=label)
-
+    with progress(enabled=fmt is OutputFormat.text) as bars:
+        tick = bars.callback("probe", info.n_layers * n_runs)  # layers done, over every run
         result = run_probe(
-            loaded.model, ids[:tokens], config, lambda d, t: tick(d, t, 0, f"{tokens} tokens")
+            loaded.model, ids[:tokens], config, lambda d, _: tick(d, None, f"{tokens} tokens")
         )
         trend = None
         if ns:
@@ -107,7 +103,7 @@ def probe(
                 ids,
                 ns,
                 config,
-                callback=lambda d, t: tick(d, t, info.n_layers, "lengths"),
+                callback=lambda d, _: tick(info.n_layers + d, None, "lengths"),
                 known=result,
             )
     data = result.to_json()

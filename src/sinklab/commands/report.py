@@ -6,15 +6,6 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.progress import (
-    BarColumn,
-    Progress,
-    SpinnerColumn,
-    TaskProgressColumn,
-    TextColumn,
-    TimeElapsedColumn,
-    TimeRemainingColumn,
-)
 
 from sinklab.commands.common import (
     DeviceOpt,
@@ -22,6 +13,7 @@ from sinklab.commands.common import (
     ModelOpt,
     TextOpt,
     TrustOpt,
+    progress,
     split_list,
     stderr,
 )
@@ -84,26 +76,11 @@ def report(
     config, notes = config.fit(loaded.info.max_positions, loaded.info.name)  # clamp, and say so
     for note in notes:
         stderr.print(note, highlight=False, soft_wrap=True)
-    columns = (
-        SpinnerColumn(),
-        TextColumn("[bold]{task.description}"),
-        BarColumn(),
-        TaskProgressColumn(),
-        TimeElapsedColumn(),
-        TextColumn("ETA"),
-        TimeRemainingColumn(),
-    )
-    with Progress(
-        *columns, console=stderr, transient=False, disable=not stderr.is_terminal
-    ) as prog:
-        task = prog.add_task("starting", total=1.0)
-
-        def update(done: float, total: float, label: str) -> None:
-            prog.update(task, completed=done, total=total, description=label)
+    with progress() as bars:
 
         def stage_done(r: StageResult) -> None:
             mark = "[green]ok[/green]" if r.status == "ok" else f"[red]failed[/red]: {r.error}"
-            prog.console.print(f"  {r.name}: {mark} ({r.seconds:.1f} s)", highlight=False)
+            bars.console.print(f"  {r.name}: {mark} ({r.seconds:.1f} s)", highlight=False)
 
         result = build_report(
             loaded,
@@ -113,7 +90,7 @@ def report(
             config=config,
             model_spec=model or DEFAULT_MODEL,
             text_spec=text or DEFAULT_TEXT,
-            callback=update,
+            callback=bars.callback("report", 1.0),  # (done, total, stage label)
             on_stage=stage_done,
             notes=notes,
         )

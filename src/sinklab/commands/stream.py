@@ -7,7 +7,6 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from sinklab.cache import POLICIES
 from sinklab.commands.common import (
@@ -19,6 +18,7 @@ from sinklab.commands.common import (
     TrustOpt,
     WindowOpt,
     check_positions,
+    progress,
     split_list,
     stderr,
 )
@@ -87,7 +87,6 @@ def stream(
     Example: sinklab stream --policy window,sink --tokens 4000 --n-sink 4 --window 508
     """
 
-    from sinklab.cache import CacheConfig, SinkCache
     from sinklab.corpus import load_text, token_stream
     from sinklab.meta import attach_meta
     from sinklab.models import load_model
@@ -105,34 +104,22 @@ def stream(
         loaded = load_model(model, dtype=dtype, device=device, trust_remote_code=trust_remote_code)
         if "dense" in config.policies:
             check_positions(loaded.info, tokens, "--tokens", " (the dense policy keeps them all)")
-        if moving := [p for p in config.policies if p in ("window", "sink", "sink-auto")]:
-            policy_check = "window" if moving == ["window"] else "sink"  # dense moves no key
-            SinkCache(loaded.model, CacheConfig(policy_check, n_sink, window))  # can it stream?
+        config.check_model(loaded.model)
         ids = token_stream(txt, loaded.tokenizer, tokens)
-    columns = (
-        TextColumn("[bold]{task.description:>9}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TextColumn("{task.fields[rate]:>8} tok/s  ppl {task.fields[ppl]:>8}"),
-        TimeElapsedColumn(),
-    )
-    with Progress(*columns, console=stderr, transient=False, disable=not stderr.is_terminal) as bar:
-        tasks = {
-            p: bar.add_task(p, total=tokens - 1, rate="", ppl="", start=False)
+    start = time.perf_counter()
+    with progress() as bars:
+        ticks = {  # rates in scored targets a second (the oracle scores every K-th)
+            p: bars.callback(p, tokens - 1, unit="tok", scale=1 / recompute_every)
+            if p == "recompute"
+            else bars.callback(p, tokens - 1, unit="tok")
             for p in config.policies
         }
-
-        def callback(pol: str, done: int, total: int, ppl: float) -> None:
-            task = bar.tasks[tasks[pol]]
-            if task.start_time is None:  # the clock starts with the policy's first tokens
-                bar.start_task(tasks[pol])
-            elapsed = task.elapsed or 0.0
-            scored = done / (recompute_every if pol == "recompute" else 1)
-            rate = f"{scored / elapsed:.1f}" if elapsed > 0 else ""
-            bar.update(tasks[pol], completed=done, rate=rate, ppl=f"{ppl:.2f}")
-
-        start = time.perf_counter()
-        result = streaming_perplexity(loaded.model, ids, config, callback)
+        result = streaming_perplexity(
+            loaded.model,
+            ids,
+            config,
+            lambda pol, done, total, ppl: ticks[pol](done, total, f"ppl {ppl:.2f}"),
+        )
     data = attach_meta(result, loaded.info, txt, config, time.perf_counter() - start).to_json()
     written = write_results(
         out, "stream", {"stream.json": data}, lambda folder: [plot_running_ppl(data, folder)]

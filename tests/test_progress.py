@@ -1,0 +1,82 @@
+"""The one progress display (``sinklab.commands.common.progress``): what it shows on a terminal,
+that it stays silent elsewhere, and that the commands feed it from the libraries' callbacks."""
+
+from __future__ import annotations
+
+import io
+import re
+
+import pytest
+from rich.console import Console
+
+from sinklab.commands import common
+from tests.helpers import run_main
+
+
+@pytest.fixture
+def terminal(monkeypatch) -> io.StringIO:
+    """stderr as a 160-column terminal, written to a buffer."""
+    buf = io.StringIO()
+    console = Console(file=buf, force_terminal=True, width=160, color_system=None)
+    monkeypatch.setattr(common, "stderr", console)
+    return buf
+
+
+def test_a_count_a_rate_and_a_status(terminal):
+    with common.progress() as bars:
+        tick = bars.callback("sink", 10, unit="tok")
+        tick(5, None, "ppl 3.25")
+        task = bars.tasks[0]
+        assert (task.completed, task.total, task.fields["status"]) == (5, 10, "ppl 3.25")
+        assert task.start_time is not None  # the clock started at the first update
+    out = terminal.getvalue()
+    assert "sink" in out and "5/10" in out and "ppl 3.25" in out and "tok/s" in out
+
+
+def test_a_fraction_shows_a_percentage_and_an_unknown_total_no_count(terminal):
+    with common.progress() as bars:
+        frac, unknown = bars.callback("report", 1.0), bars.callback("claims")
+        frac(0.25, 1.0, "probe")
+        unknown(3, None, "geometry")
+    out = terminal.getvalue()
+    assert "25%" in out and "3/" not in out and "geometry" in out
+
+
+def test_a_task_clock_starts_at_its_first_update(terminal):
+    with common.progress() as bars:
+        first, second = bars.callback("dense", 4), bars.callback("sink", 4)
+        first(1)
+        assert bars.tasks[0].start_time is not None and bars.tasks[1].start_time is None
+        second(2)
+        assert bars.tasks[1].start_time is not None
+
+
+def test_the_rate_scales_by_the_work_per_step(terminal):
+    with common.progress() as bars:
+        bars.callback("recompute", 100, unit="tok", scale=0.0)(50)
+    assert "0.0 tok/s" in terminal.getvalue()
+
+
+def test_hidden_when_disabled_or_not_a_terminal(monkeypatch):
+    buf = io.StringIO()
+    monkeypatch.setattr(common, "stderr", Console(file=buf, force_terminal=False))
+    with common.progress() as bars:
+        bars.callback("x", 3)(2, None, "status")
+    monkeypatch.setattr(common, "stderr", Console(file=buf, force_terminal=True))
+    with common.progress(enabled=False) as bars:
+        bars.callback("y", 3)(2, None, "status")
+    assert buf.getvalue() == ""
+
+
+def test_stream_shows_one_bar_per_policy(tiny_model_dir, tmp_path, capsys, terminal):
+    folder = str(tiny_model_dir("llama"))
+    run = run_main(
+        capsys,
+        *("stream", "--model", folder, "--tokens", "40", "--policy", "window,sink"),
+        *("--n-sink", "2", "--window", "8", "--out", str(tmp_path / "s")),
+    )
+    assert run.returncode == 0, run.stderr
+    screen = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", terminal.getvalue())  # cursor moves
+    bars = [ln for ln in screen.splitlines() if "39/39" in ln]
+    assert {ln.split()[0] for ln in bars} >= {"window", "sink"}
+    assert all("tok/s" in ln and "ppl" in ln for ln in bars)
