@@ -23,8 +23,16 @@ SDPA, SINKLAB, EAGER = "sdpa", "sinklab", "eager"
 
 
 def decoder_config(config: Any) -> Any:
-    """The decoder's config of a config (multimodal wrappers keep it inside)."""
-    return config.get_text_config() if hasattr(config, "get_text_config") else config
+    """The decoder's config of a config or of a model (multimodal wrappers keep it inside):
+    the one place sinklab reads a model's layer and head counts from."""
+    cfg = config.config if isinstance(config, nn.Module) else config
+    return cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
+
+
+def model_shape(config: Any) -> tuple[int, int]:
+    """(decoder layers, attention heads per layer) of a config or a model."""
+    cfg = decoder_config(config)
+    return int(cfg.num_hidden_layers), int(cfg.num_attention_heads)
 
 
 @functools.lru_cache(maxsize=64)
@@ -115,6 +123,20 @@ def decoder_layers(model: nn.Module, n_layers: int) -> list[nn.Module] | None:
         if idx == list(range(n_layers)):
             return list(mod)
     return None
+
+
+def block_attention(block: nn.Module) -> nn.Module | None:
+    """A decoder block's attention module: the first module inside it with a ``layer_idx``
+    (the module transformers passes to the attention function); None if there is none."""
+    return next((m for m in block.modules() if m is not block and hasattr(m, "layer_idx")), None)
+
+
+def attention_modules(model: nn.Module) -> list[nn.Module] | None:
+    """Each decoder layer's attention module, in layer order (index = layer); None when the
+    model has no list of decoder blocks (:func:`decoder_layers`) or a block has no attention."""
+    blocks = decoder_layers(model, model_shape(model)[0])
+    found = [block_attention(b) for b in blocks or ()]
+    return found if blocks is not None and all(m is not None for m in found) else None
 
 
 def check_windows(kinds: list[LayerKind], cache_config: Any) -> None:

@@ -55,12 +55,12 @@ import torch
 from torch import Tensor
 from transformers.cache_utils import Cache, CacheLayerMixin, DynamicSlidingWindowLayer
 
-from sinklab.arch import check_windows, layer_kinds
+from sinklab.arch import check_windows, decoder_config, layer_kinds
 from sinklab.cache_layer import SinkLayer, Step
 from sinklab.cache_plan import Plan, Row, check_positions, plan_chunk, plan_ring, ring_slots
 from sinklab.errors import SinklabError
 from sinklab.policy import CACHE_POLICIES, POLICIES, CacheConfig, kept_positions
-from sinklab.rotary import rope_of, text_config
+from sinklab.rotary import rope_of
 
 __all__ = [
     "CACHE_POLICIES",
@@ -88,7 +88,7 @@ class SinkCache(Cache):
         self, model: Any, config: CacheConfig | None = None, max_position: int | None = None
     ) -> None:
         self.config = config or CacheConfig()
-        text_cfg = text_config(model)
+        text_cfg = decoder_config(model)
         kinds = layer_kinds(text_cfg)  # sinklab.arch: RoPE / NoPE, the model's own windows
         check_windows(kinds, self.config)
         self.rope = None if self.config.capacity is None else rope_of(model)  # dense moves none

@@ -35,10 +35,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from sinklab.arch import layer_kinds
+from sinklab.arch import attention_modules, decoder_config, layer_kinds
 from sinklab.cache import CacheConfig, SinkCache
 from sinklab.errors import SinklabError
-from sinklab.rotary import Rope, text_config
+from sinklab.rotary import Rope
 from sinklab.seam import check_supported
 
 BAND_ATTN = "sinklab_band"
@@ -220,32 +220,22 @@ def register() -> None:
     AttentionMaskInterface.register(BAND_ATTN, sdpa_mask)  # the model's own mask is unused
 
 
-def _attention_layers(model: nn.Module) -> list[tuple[nn.Module, int]]:
-    return [
-        (m, int(m.layer_idx))
-        for m in model.modules()
-        if hasattr(m, "layer_idx")
-        and hasattr(m, "config")
-        and (hasattr(m, "o_proj") or type(m).__name__.endswith("Attention"))  # Phi, NeoX: dense
-    ]
-
-
 @contextmanager
 def band_attention(model: nn.Module, state: BandState) -> Iterator[nn.Module]:
     """Route ``model``'s attention through :data:`BAND_ATTN` with ``state``; restore on exit."""
     register()
     check_supported(model)
-    layers = _attention_layers(model)
+    layers = attention_modules(model)  # sinklab.arch: index = layer
     if not layers:
         raise SinklabError(f"no attention layers found in {type(model).__name__}")
     previous = model.config._attn_implementation
-    for m, i in layers:
+    for i, m in enumerate(layers):
         _STATES[m] = (state, i)
     try:
         model.set_attn_implementation(BAND_ATTN)
         yield model
     finally:
-        for m, _ in layers:
+        for m in layers:
             _STATES.pop(m, None)
         model.set_attn_implementation(previous)
 
@@ -279,7 +269,7 @@ def chunked_nll(
     if chunk < 1:
         raise SinklabError(f"chunk must be a positive integer, got {chunk}")
     cache = SinkCache(model, cache_config)  # the same refusals (architecture, sizes) as step
-    kinds = layer_kinds(text_config(model))
+    kinds = layer_kinds(decoder_config(model))
     windowed = any(k.window is not None for k in kinds)  # all-sliding + a sink cache: checked
     if not all(k.rotary for k in kinds) or (windowed and (cache.hybrid or cache.capacity is None)):
         raise SinklabError(
@@ -287,7 +277,7 @@ def chunked_nll(
             "sliding-window or NoPE layers; use --method step"
         )
     sinks, recent = cache.config.sinks, cache.config.recent
-    state = BandState(cache.rope, text_config(model).num_hidden_layers)
+    state = BandState(cache.rope, len(kinds))
     dev = next(model.parameters()).device
     ids = ids.reshape(-1)
     n = ids.numel() - 1

@@ -25,6 +25,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from sinklab.arch import model_shape
 from sinklab.attention import sink_softmax, softmax
 from sinklab.errors import SinklabError
 from sinklab.first_token import (  # noqa: F401 (re-exported)
@@ -77,12 +78,8 @@ class _Intervention(AttentionHandler):
 
     def check(self, model: nn.Module) -> None:
         """Raise SinklabError if a layer or head is out of the model's range (say the range)."""
-        cfg = model.config.get_text_config() if hasattr(model.config, "get_text_config") else None
-        cfg = cfg or model.config
-        for name, chosen, n in (
-            ("layer", self.layers, int(cfg.num_hidden_layers)),
-            ("head", self.heads, int(cfg.num_attention_heads)),
-        ):
+        n_layers, n_heads = model_shape(model)
+        for name, chosen, n in (("layer", self.layers, n_layers), ("head", self.heads, n_heads)):
             bad = sorted(x for x in (chosen or ()) if x >= n)
             if bad:
                 raise SinklabError(

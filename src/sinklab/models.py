@@ -23,9 +23,9 @@ from typing import Any
 
 import torch
 
-from sinklab.arch import kv_heads
+from sinklab.arch import decoder_config, kv_heads
 from sinklab.errors import SinklabError
-from sinklab.rotary import position_scheme, text_config
+from sinklab.rotary import position_scheme
 
 log = logging.getLogger(__name__)
 
@@ -99,7 +99,7 @@ def file_sha256(path: Path, chunk: int = 1 << 22) -> str:
 
 
 def describe(model: Any, name: str, source: str, weights_sha256: str | None) -> ModelInfo:
-    cfg = text_config(model)
+    cfg = decoder_config(model)
     n_heads = int(cfg.num_attention_heads)
     hidden = int(cfg.hidden_size)
     head_dim = int(getattr(cfg, "head_dim", None) or hidden // n_heads)

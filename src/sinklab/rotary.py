@@ -18,6 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from sinklab.arch import decoder_config
 from sinklab.errors import SinklabError
 
 # Position schemes, by how a cached key depends on its position.
@@ -108,12 +109,6 @@ def position_scheme(config: Any) -> str:
     return NONE
 
 
-def text_config(model: Any) -> Any:
-    """The decoder's config (multimodal wrappers keep it inside)."""
-    cfg = model.config
-    return cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
-
-
 def _refuse(reason: str) -> SinklabError:
     return SinklabError(f"SinkCache cannot move cached keys of this model: {reason}")
 
@@ -162,7 +157,7 @@ def rope_of(model: Any, layer_type: str = "full_attention") -> Rope:
     :class:`SinklabError` naming why not. (Sliding-window layers of hybrid models keep the
     model's own window and are moved only when the cache rebases positions; NoPE layers have
     nothing to move.)"""
-    config = text_config(model)
+    config = decoder_config(model)
     scheme = position_scheme(config)
     if scheme == ABSOLUTE:
         raise _refuse(

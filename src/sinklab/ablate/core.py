@@ -10,8 +10,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from torch import nn
 
+from sinklab.arch import model_shape as model_shape  # re-exported (commands.ablate)
 from sinklab.errors import SinklabError
 from sinklab.first_token import FIRST_TOKEN_MODES
 from sinklab.meta import write_json_atomic
@@ -142,12 +142,6 @@ class AblationResult:
         if self.plot is None:
             raise SinklabError(f"no figure function for experiment {self.experiment!r}")
         return self.plot(self.to_json(), Path(path))
-
-
-def model_shape(model: nn.Module) -> tuple[int, int]:
-    cfg = model.config.get_text_config() if hasattr(model.config, "get_text_config") else None
-    cfg = cfg or model.config
-    return int(cfg.num_hidden_layers), int(cfg.num_attention_heads)
 
 
 def thirds(n_layers: int) -> dict[str, tuple[int, ...]]:

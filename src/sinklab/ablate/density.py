@@ -16,8 +16,9 @@ from typing import Any
 
 from torch import Tensor, nn
 
-from sinklab.ablate.core import AblationConfig, ProgressCallback, model_shape
+from sinklab.ablate.core import AblationConfig, ProgressCallback
 from sinklab.ablate.perplexity import perplexity
+from sinklab.arch import model_shape
 from sinklab.interventions import (
     AttentionMix,
     AttentionReplace,

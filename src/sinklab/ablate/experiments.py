@@ -10,8 +10,9 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from sinklab.ablate.core import AblationConfig, ProgressCallback, mean, model_shape, thirds
+from sinklab.ablate.core import AblationConfig, ProgressCallback, mean, thirds
 from sinklab.ablate.perplexity import perplexity
+from sinklab.arch import model_shape
 from sinklab.errors import SinklabError
 from sinklab.interventions import MaskSink, first_token, intervene, jacobian_sensitivity
 from sinklab.probe import ProbeConfig, ProbeResult, probe

@@ -18,7 +18,8 @@ import torch
 from torch import Tensor, nn
 
 from sinklab.ablate import density, experiments
-from sinklab.ablate.core import AblationConfig, AblationResult, ProgressCallback, model_shape
+from sinklab.ablate.core import AblationConfig, AblationResult, ProgressCallback
+from sinklab.arch import model_shape
 from sinklab.errors import SinklabError
 
 log = logging.getLogger(__name__)

@@ -17,6 +17,8 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from sinklab.arch import model_shape
+
 Sample = tuple[str, Tensor]  # (name, ids (T,))
 Tick = Callable[[str], None]  # called once per (claim group, sample) done
 
@@ -43,8 +45,7 @@ def _layer_thirds(n_layers: int) -> list[list[int]]:
 
 
 def _n_layers(model: nn.Module) -> int:
-    cfg = model.config.get_text_config() if hasattr(model.config, "get_text_config") else None
-    return int((cfg or model.config).num_hidden_layers)
+    return model_shape(model)[0]
 
 
 # --------------------------------------------------------------------------- probe

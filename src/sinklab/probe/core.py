@@ -15,12 +15,11 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from sinklab.arch import decoder_layers
+from sinklab.arch import decoder_layers, model_shape
 from sinklab.errors import SinklabError
 from sinklab.probe.capture import HiddenCapture, ProbeCapture
 from sinklab.probe.geometry import Geometry, capture_geometry
 from sinklab.probe.spec import BY_NAME, names
-from sinklab.rotary import text_config
 from sinklab.seam import check_supported, sinklab_attention
 
 log = logging.getLogger(__name__)
@@ -143,8 +142,7 @@ def probe(
             f"q0 = {config.q0} leaves no query among {n_tokens} tokens; use q0 < {n_tokens}"
         )
     check_supported(model)
-    cfg = text_config(model)
-    n_layers, n_heads = int(cfg.num_hidden_layers), int(cfg.num_attention_heads)
+    n_layers, n_heads = model_shape(model)
     blocks = decoder_layers(model, n_layers)
     done: set[int] = set()
 

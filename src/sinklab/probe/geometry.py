@@ -28,10 +28,9 @@ import torch
 from torch import Tensor, nn
 from torch.utils.hooks import RemovableHandle
 
-from sinklab.arch import decoder_layers
+from sinklab.arch import block_attention, decoder_config, decoder_layers
 from sinklab.errors import SinklabError
 from sinklab.probe import metrics as M
-from sinklab.rotary import text_config
 
 SITES = ("residual", "attention_input", "key")
 METRICS = ("first_token_cosine", "token_similarity")
@@ -111,9 +110,8 @@ class Geometry:
 
 # --------------------------------------------------------------------------- locating modules
 def _attention(block: nn.Module) -> nn.Module:
-    for mod in block.modules():
-        if mod is not block and hasattr(mod, "layer_idx"):
-            return mod
+    if (attn := block_attention(block)) is not None:
+        return attn
     raise SinklabError(f"{type(block).__name__} holds no attention module with a layer_idx")
 
 
@@ -167,7 +165,7 @@ def capture_geometry(
     unknown = [s for s in sites if s not in SITES]
     if unknown:
         raise SinklabError(f"unknown geometry sites {unknown}; use: {', '.join(SITES)}")
-    cfg = text_config(model)
+    cfg = decoder_config(model)
     n_layers = int(cfg.num_hidden_layers)
     blocks = decoder_layers(model, n_layers)
     if blocks is None:
