@@ -10,6 +10,7 @@ import pytest
 
 from sinklab.claims import CLAIM_IDS
 from sinklab.cli import main
+from sinklab.meta import META_KEYS
 from sinklab.outputs import MARKER
 
 FAST = ["--tokens", "32", "--stream-tokens", "40", "--window", "14", "--n-sink", "2",
@@ -57,7 +58,9 @@ def test_claims_json_and_files(capsys, tmp_path, tiny_model_dir, one_thread):
     assert switch["verdict"] == "inconclusive" and switch["reason"].startswith("not measured")
     saved = json.loads((out / "claims.json").read_text())
     assert saved["claims"] == json.loads(json.dumps(rows))
-    assert saved["meta"]["model"]["n_layers"] == 2 and len(saved["meta"]["texts"]) == 3
+    meta = saved["meta"]
+    assert meta["model"]["n_layers"] == 2 and len(meta["text"]) == 3
+    assert set(meta) == set(META_KEYS) and meta["params"]["probe_tokens"] == 32
     assert (out / "claims_effects.png").stat().st_size > 1000
     points = json.loads((out / "claims_effects.json").read_text())["points"]
     assert [p["id"] for p in points] == [r["id"] for r in rows]

@@ -8,9 +8,9 @@ import re
 
 import pytest
 from rich.console import Console
+from tests.helpers import run_main
 
 from sinklab.commands import common
-from tests.helpers import run_main
 
 
 @pytest.fixture

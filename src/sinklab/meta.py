@@ -6,6 +6,7 @@ import json
 import os
 import platform
 import tempfile
+from collections.abc import Sequence
 from dataclasses import asdict, is_dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -37,20 +38,20 @@ META_KEYS = ("model", "text", "params", "versions", "machine", "seconds")
 def attach_meta(
     result: Any,
     model: ModelInfo | None,
-    text: Text | None,
+    text: Text | Sequence[Text] | None,
     params: Any,
     seconds: float | None,
 ) -> Any:
     """Give ``result`` (an object with a ``meta`` field, or a result's JSON dict) the one
     provenance block, with exactly :data:`META_KEYS` (None where one does not apply, e.g. the
-    model of a synthetic fit). ``params``: a dataclass config or a dict (a config's fields plus
-    the run's own inputs, such as ``tokens``). Every command and the report call this; libraries
-    return bare results. Returns ``result``."""
+    model of a synthetic fit; a list where a run reads several texts). ``params``: a dataclass
+    config or a dict (a config's fields plus the run's own inputs, such as ``tokens``). Every
+    command and the report call this; libraries return bare results. Returns ``result``."""
     if is_dataclass(params):
         params = asdict(params)
     meta = {
         "model": None if model is None else model.to_json(),
-        "text": None if text is None else text.to_json(),
+        "text": _texts(text),
         "params": None if params is None else dict(params),
         "versions": versions(),
         "machine": {"nproc": os.cpu_count(), "platform": platform.platform()},
@@ -61,6 +62,14 @@ def attach_meta(
     else:
         result.meta = meta
     return result
+
+
+def _texts(text: Text | Sequence[Text] | None) -> Any:
+    if text is None:
+        return None
+    if isinstance(text, Sequence):
+        return [t.to_json() for t in text]
+    return text.to_json()
 
 
 def build_meta(

@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -145,11 +145,13 @@ class ClaimRow:
 class ClaimsResult:
     config: ClaimsConfig
     rows: list[ClaimRow]
+    run: dict[str, Any] = field(default_factory=dict)  # samples read, seconds by group, threads
     meta: dict[str, Any] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         return {
             "meta": self.meta,
+            "run": self.run,
             "rule": {
                 "interval": f"percentile bootstrap of the mean, {N_RESAMPLES} resamples, 95 %",
                 "min_samples": MIN_SAMPLES,
@@ -208,7 +210,6 @@ def run_claims(
     samples = list(samples or [])
     total = len(groups) * len(samples) + (config.cost_seeds if "sink-cheaper" in wanted else 0)
     done = 0
-    start = time.perf_counter()
 
     def tick(label: str) -> None:
         nonlocal done
@@ -250,25 +251,12 @@ def run_claims(
             seed=config.seed,
         )
         rows.append(ClaimRow(claim, m, interval, v.verdict, v.reason))
-    from sinklab.meta import build_meta
-
-    meta = build_meta(
-        params=asdict(config),
-        seconds=time.perf_counter() - start,
-        samples=[{"name": n, "tokens": int(ids.numel())} for n, ids in samples],
-        seconds_by_group=seconds,
-        sizes={
-            "window_tokens": config.window_tokens,
-            "probe_tokens": config.probe_tokens,
-            "stream_tokens": config.stream_tokens,
-            "sensitivity_tokens": config.sensitivity_tokens,
-            "cost_lengths": list(config.cost_lengths),
-            "cost_seeds": config.cost_seeds,
-            "cost_steps": config.cost_steps,
-        },
-        threads=torch.get_num_threads(),
-    )
-    return ClaimsResult(config, rows, meta)
+    run = {
+        "samples": [{"name": n, "tokens": int(ids.numel())} for n, ids in samples],
+        "seconds_by_group": seconds,
+        "threads": torch.get_num_threads(),
+    }
+    return ClaimsResult(config, rows, run)  # meta: the caller's (sinklab.meta.attach_meta)
 
 
 class _nullcontext:

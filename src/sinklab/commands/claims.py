@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Annotated
 
@@ -75,6 +76,7 @@ def claims(
     from sinklab.claims.core import DEFAULT_TEXTS, ClaimsConfig, run_claims
     from sinklab.claims.measure_lab import LAB_CLAIMS
     from sinklab.corpus import load_text
+    from sinklab.meta import attach_meta
 
     config = ClaimsConfig(
         texts=_names(texts, "--texts") or DEFAULT_TEXTS,
@@ -106,6 +108,7 @@ def claims(
 
         with stderr.status("loading model"):
             loaded = load_model(model, trust_remote_code=trust_remote_code)
+    start = time.perf_counter()
     with progress(fmt is OutputFormat.text) as bars:
         result = run_claims(
             loaded.model if loaded else None,
@@ -114,8 +117,13 @@ def claims(
             max_positions=loaded.info.max_positions if loaded else None,
             callback=bars.callback("claims"),  # (done, total, label)
         )
-    if loaded is not None:
-        result.meta.update(model=loaded.info.to_json(), texts=[t.to_json() for t in texts_read])
+    attach_meta(
+        result,
+        loaded.info if loaded else None,
+        texts_read or None,
+        config,
+        time.perf_counter() - start,
+    )
     data = result.to_json()
     if out is not None:
         from sinklab.claims.plots import plot_claims

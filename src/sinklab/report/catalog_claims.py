@@ -3,6 +3,7 @@ per seed claim with its effect, 95 % interval and computed verdict, and the clai
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from sinklab.report.stages import (
@@ -62,6 +63,8 @@ def _command(ctx: StageContext) -> list[str]:
 def _run(ctx: StageContext) -> StageOutput:
     from sinklab.claims.core import DEFAULT_TEXTS, ClaimsConfig, run_claims
     from sinklab.claims.plots import plot_claims
+    from sinklab.corpus import load_text
+    from sinklab.meta import attach_meta
 
     p = _params(ctx)
     config = ClaimsConfig(
@@ -79,7 +82,8 @@ def _run(ctx: StageContext) -> StageOutput:
         cost_lengths=tuple(int(x) for x in p["cost_lengths"].split(",")),
         seed=p["seed"],
     )
-    loaded = ctx.loaded
+    loaded, start = ctx.loaded, time.perf_counter()
+    texts = [load_text(t) for t in config.texts]
 
     def callback(done: int, total: int, label: str) -> None:
         ctx.progress(done / max(1, total), label)
@@ -91,7 +95,7 @@ def _run(ctx: StageContext) -> StageOutput:
         max_positions=loaded.info.max_positions,
         callback=callback,
     )
-    result.meta.update(model=loaded.info.to_json())
+    attach_meta(result, loaded.info, texts, config, time.perf_counter() - start)
     data = result.to_json()
     png = ctx.figures_dir / "claims_effects.png"
     plot_claims(data["claims"], png, title=f"Seed claims: {loaded.info.name}")
