@@ -1,6 +1,6 @@
-"""``sinklab ablate``: the seeds' causal experiments (first token, masked sink, density,
-sensitivity, geometry) as library calls returning an :class:`AblationResult`; one
-:class:`Experiment` record each (:mod:`sinklab.ablate.registry`)."""
+"""``sinklab ablate``: the causal experiments of the claims (docs/science.md): first token,
+masked sink, density, sensitivity, geometry, as library calls returning an
+:class:`AblationResult`; one :class:`Experiment` record each (:mod:`sinklab.ablate.registry`)."""
 
 from sinklab.ablate.core import AblationConfig, AblationResult
 from sinklab.ablate.perplexity import Perplexity, perplexity

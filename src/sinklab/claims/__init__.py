@@ -1,4 +1,4 @@
-"""``sinklab claims``: every seed claim tested by one rule (docs/claims.md), one row each."""
+"""``sinklab claims``: every claim tested by one rule (docs/claims.md), one row each."""
 
 from sinklab.claims.registry import CLAIM_IDS, CLAIMS, Claim, get_claim
 from sinklab.claims.rules import Interval, Verdict, bootstrap_interval, decide, verdict

@@ -47,6 +47,6 @@ def plot_claims(rows: list[dict[str, Any]], path: Path, *, title: str = "") -> P
     ax.set_yticks(range(n), [f"{p['id']} ({p['verdict']})" for p in reversed(points)])
     ax.set_ylim(-0.7, n - 0.3)
     ax.set_xlabel("effect - threshold, signed: > 0 is the claimed direction (mean, 95 % CI)")
-    ax.set_title(title or "Seed claims: effect and bootstrap 95 % interval", fontsize=10)
+    ax.set_title(title or "Claims: effect and bootstrap 95 % interval", fontsize=10)
     ax.grid(axis="x", alpha=0.3)
     return save(fig, Path(path), {"title": title, "points": points})

@@ -1,4 +1,5 @@
-"""The seed claims as data: what each claims, where it is measured, its effect's sign and threshold.
+"""The claims sinklab tests, as data: what each says, where it is measured, its effect's sign
+and threshold.
 
 One entry per row of the table in ``docs/claims.md`` (the test suite checks they agree). A
 verdict is computed from these fields and the measured samples by :mod:`sinklab.claims.rules`.
@@ -29,7 +30,7 @@ class Claim:
     id: str
     statement: str
     paper: str
-    seed: str  # the seed text(s) it comes from, e.g. "000, 002"
+    seed: str  # the seed text(s) it comes from (docs/science.md numbers them), e.g. "000, 002"
     protocol: str
     effect: str  # what one sample's number is
     site: str
@@ -156,7 +157,7 @@ CLAIMS: tuple[Claim, ...] = (
     Claim(
         "first-token-cosine",
         "In middle layers the first token's cosine with the other tokens is <= 0",
-        "Sink vs. diagonal patterns (seed 004)",
+        "Súkeník et al., Sink vs. diagonal patterns (docs/science.md#geometry)",
         "004",
         "geometry at the attention input",
         "mean over the middle layers of mean_j>=1 cos(x_0, x_j) after the input norm",
@@ -168,7 +169,7 @@ CLAIMS: tuple[Claim, ...] = (
     Claim(
         "density-oversmooths",
         "Denser attention raises token similarity (oversmoothing)",
-        "Sink vs. diagonal patterns (seed 004)",
+        "Súkeník et al., Sink vs. diagonal patterns (docs/science.md#oversmoothing)",
         "004",
         "density mix: lam = 0.5 in the middle layers vs unmodified",
         "token similarity after the modified layers, perturbed minus unmodified",
@@ -180,7 +181,7 @@ CLAIMS: tuple[Claim, ...] = (
     Claim(
         "hard-switch-sink",
         "A hard attention switch is implemented by a sink",
-        "Sink vs. diagonal patterns (seed 004); Guo et al. 2024",
+        "Súkeník et al., Sink vs. diagonal patterns (docs/science.md#hard-switch); Guo et al. 2024",
         "004",
         "lab backcopy: softmax with BOS",
         "first-token mass at non-trigger minus trigger queries of the switching head",
@@ -192,7 +193,7 @@ CLAIMS: tuple[Claim, ...] = (
     Claim(
         "sink-cheaper",
         "A sink costs less than a diagonal pattern: norm ~ T vs T^1.5",
-        "Sink vs. diagonal patterns (seed 004)",
+        "Súkeník et al., Sink vs. diagonal patterns (docs/science.md#sink-vs-diagonal-cost)",
         "004",
         "cost: smallest-norm fits of one attention layer",
         "exponent(diagonal) - exponent(sink) of ||W_QK||_F + ||W_VO||_F against T",

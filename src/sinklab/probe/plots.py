@@ -17,10 +17,12 @@ from sinklab.probe.summary import layer_means
 
 HEATMAP, CURVES, TREND, BY_LAYER = "sink_mass_heatmap", "layer_curves", "length_trend", "by_layer"
 CAPTIONS = {
-    HEATMAP: "Sink mass m(l, h): mean attention on key 0 over queries t >= q0 (residual-stream "
-    "attention weights of every layer and head).",
-    CURVES: "Per layer: mean sink mass over heads, first-token cosine (<= 0 in middle layers per "
-    "seed 004) and token similarity (oversmoothing), both measured on the residual stream.",
+    HEATMAP: "Sink mass m(l, h): mean attention on key 0 over queries t >= q0 (attention weights "
+    "of every layer and head).",
+    CURVES: "Per layer: mean sink mass over heads, first-token cosine and token similarity "
+    "(oversmoothing), both measured on the layer's output (residual stream); the claim that the "
+    "first-token cosine is <= 0 in middle layers is tested at the attention input "
+    "(docs/science.md#geometry).",
     TREND: "Sink rate and mean sink mass as the context grows.",
     BY_LAYER: "Mean sink mass per layer, one line per context length.",
 }

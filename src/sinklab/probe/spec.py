@@ -164,7 +164,8 @@ METRICS: tuple[Metric, ...] = (
     Metric(
         "first_token_cosine", "layer", "hidden", "residual stream (decoder block output)",
         "mean over `j >= 1` of `cos(h_0, h_j)`",
-        "seed 004: `<= 0` in middle layers",
+        "claimed `<= 0` in middle layers, at the attention input "
+        "([science.md](science.md#geometry))",
         hidden=M.first_token_cosine,
     ),
     Metric(

@@ -241,8 +241,11 @@ def all_stages() -> list[Stage]:
         Stage(
             "probe",
             "Probe: where attention goes",
-            "Every layer's and head's sink mass (mean attention on key 0), the head kinds and the "
-            "residual-stream geometry, from one forward pass with attention captured in chunks.",
+            "Every layer's and head's sink mass (mean attention on key 0) and head kind, and per "
+            "layer the first-token cosine and token similarity of the layer's output (residual "
+            "stream; probe.json also holds them at the residual stream entering each layer, the "
+            "attention input and the keys: docs/metrics.md#sites), from one forward pass with "
+            "attention captured in chunks.",
             _cost_probe,
             _probe_params,
             _probe_command,

@@ -1,5 +1,5 @@
 """The report's first section: the claims table of ``sinklab claims`` (docs/claims.md), one row
-per seed claim with its effect, 95 % interval and computed verdict, and the claims figure."""
+per claim with its effect, 95 % interval and computed verdict, and the claims figure."""
 
 from __future__ import annotations
 
@@ -98,7 +98,7 @@ def _run(ctx: StageContext) -> StageOutput:
     attach_meta(result, loaded.info, texts, config, time.perf_counter() - start)
     data = result.to_json()
     png = ctx.figures_dir / "claims_effects.png"
-    plot_claims(data["claims"], png, title=f"Seed claims: {loaded.info.name}")
+    plot_claims(data["claims"], png, title=f"Claims: {loaded.info.name}")
     caption = (
         "Each claim's mean effect and 95 % interval minus its threshold, signed so that right of "
         "0 is the claimed direction; colour = verdict."
@@ -128,7 +128,7 @@ def claims_table(data: dict[str, Any]) -> TableSpec:
             )
         )
     return TableSpec(
-        "Seed claims: effect (mean over samples), 95 % bootstrap interval, verdict by the rule of "
+        "Claims: effect (mean over samples), 95 % bootstrap interval, verdict by the rule of "
         "docs/claims.md",
         (
             "claim",
