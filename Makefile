@@ -28,8 +28,9 @@ browser:
 demo: $(STAMP)
 	$(BIN)/sinklab report --quick --out sinklab-report
 
+# One process per core (at most 4), one test file per process at a time (module fixtures load once).
 test: $(STAMP) browser
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n auto --maxprocesses 4 --dist loadfile
 
 lint: $(STAMP)
 	$(BIN)/ruff check src tests benchmarks
