@@ -250,10 +250,74 @@ def test_geometry_claim_is_the_attention_input_cosine_of_the_middle_layers(tiny,
     want = float((x[1:] @ x[0]).mean())
     assert row["samples"][0]["effect"] == pytest.approx(want, abs=1e-5)
     dens = _row(result, "density-oversmooths")
-    assert dens["sizes"]["measured_layers"] == [2] and dens["n_valid"] == 3
+    # the density experiment's rule (docs/experiments.md#density): after the group = layer 2 and
+    # the final state (entry 3, after the final norm)
+    assert dens["sizes"]["measured_layers"] == [2, "final"] and dens["n_valid"] == 3
     s = dens["samples"][0]
-    assert s["effect"] == pytest.approx(s["perturbed"][2] - s["unmodified"][2])
+    u, x = s["unmodified"], s["perturbed"]
+    assert len(u) == len(x) == 4
+    assert s["effect"] == pytest.approx((x[2] + x[3]) / 2 - (u[2] + u[3]) / 2)
     assert s["unmodified"][0] == pytest.approx(s["perturbed"][0])  # before the group: unchanged
+    assert abs(x[2] - u[2]) > 1e-6  # the mixed group changes what comes after it
+
+
+def test_density_claim_is_the_density_experiment_on_the_same_numbers(tiny, tiny_tokenizer):
+    """One rule: the claim's effect is what ``ablate -e density`` (mix, the claim's lam) gives."""
+    from sinklab.ablate import AblationConfig, run_experiment
+
+    cfg = ClaimsConfig(**SMALL, claims=("density-oversmooths",))
+    samples = text_samples(tiny_tokenizer, cfg, None)
+    row = _row(run_claims(tiny, tiny_tokenizer, cfg, samples=samples), "density-oversmooths")
+    for (_, ids), got in zip(samples, row["samples"], strict=True):
+        acfg = AblationConfig(protocol="mix", lams=(0.0, cfg.density_lam))
+        res = run_experiment("density", tiny, tiny_tokenizer, ids[: cfg.probe_tokens], acfg)
+        s = {k: c["after_group_similarity"]["attention_input"] for k, c in res.conditions.items()}
+        assert res.extra["after_layers"] == [2, "final"]
+        assert got["effect"] == pytest.approx(s["lam=0.5"] - s["unmodified"], abs=1e-9)
+        assert s["lam=0"] == pytest.approx(s["unmodified"], abs=1e-6)  # lam 0 is the model
+
+
+def test_geometry_finding_and_claim_verdict_agree_on_the_same_numbers(tiny, tiny_tokenizer):
+    """``ablate -e geometry`` states the verdict of the claims rule (docs/claims.md) that
+    ``sinklab claims`` gives on the same texts: the same per-text effects, interval, verdict."""
+    from sinklab.ablate import AblationConfig, run_experiment
+
+    cfg = ClaimsConfig(**SMALL, claims=("first-token-cosine",))
+    samples = [(n, ids[: cfg.probe_tokens]) for n, ids in text_samples(tiny_tokenizer, cfg, None)]
+    row = _row(run_claims(tiny, tiny_tokenizer, cfg, samples=samples), "first-token-cosine")
+    ids = torch.stack([ids for _, ids in samples])  # (3, T): the same three texts
+    res = run_experiment("geometry", tiny, tiny_tokenizer, ids, AblationConfig(q0=cfg.q0))
+    claim = res.extra["claim"]
+    want = [s["effect"] for s in row["samples"]]
+    assert claim["effects"] == pytest.approx(want, abs=1e-5)
+    assert claim["effect"] == pytest.approx(row["effect"], abs=1e-5)
+    assert claim["interval"] == pytest.approx(row["interval"], abs=1e-5)
+    assert claim["verdict"] == row["verdict"] and claim["reason"] == row["reason"]
+    assert res.finding.split(": ", 1)[1].startswith(f"{row['verdict']} by the claims rule")
+    layer1 = [
+        r["layers"][1]["first_token_cosine"]["attention_input"] for r in res.conditions.values()
+    ]
+    assert claim["effects"] == pytest.approx(layer1)  # middle third of 3 layers: layer 1
+
+
+def test_geometry_claim_quotes_the_mean_and_names_the_positive_layers():
+    """The SmolLM2 case of issue 12: some middle layers positive, the mean over them negative:
+    supported by the claims rule, and the finding still shows the positive layers."""
+    from sinklab.ablate.experiments import _positive_layers, geometry_claim
+
+    cos = torch.tensor([[0.3, 0.2, -0.5, 0.1, -0.4, 0.2]] * 2 + [[0.3, 0.2, -0.3, 0.1, -0.2, 0.2]])
+    claim = geometry_claim(cos)  # middle third of 6 layers: 2, 3
+    assert claim["effects"] == pytest.approx([-0.2, -0.2, -0.1])
+    assert claim["effect"] == pytest.approx(-0.5 / 3)
+    lo, hi = claim["interval"]
+    assert -0.2 - 1e-9 <= lo <= hi <= -0.1 + 1e-9
+    assert claim["verdict"] == "supported" and "lies below 0" in claim["reason"]
+    assert (
+        _positive_layers(cos, [2, 3])
+        == "layer 3 positive on average (3 of 6 (text, layer) cells > 0)"
+    )
+    flipped = geometry_claim(-cos)
+    assert flipped["verdict"] == "not supported"
 
 
 @pytest.mark.integration

@@ -61,9 +61,15 @@ def _handler(protocol: str, value: float, layers: frozenset[int], heads: frozens
 
 
 def after_group(series: list[float | None], group: list[int]) -> float:
-    """Mean of a per-layer series (L + 1 entries: entering layers 0..L-1, then the final hidden
-    state) over the entries after the modified ``group``: layers max(group)+1 .. L."""
+    """The one "after the group" rule (docs/experiments.md#density; ``sinklab claims`` reads it
+    too): the mean of a per-layer series (L + 1 entries: entering layers 0..L-1, then the final
+    state) over the entries after the modified ``group``, :func:`after_entries`."""
     return nan_mean(series[max(group) + 1 :])
+
+
+def after_entries(group: list[int], n_layers: int) -> list[int | str]:
+    """The entries :func:`after_group` averages: layers max(group)+1 .. L-1, then "final"."""
+    return [*range(max(group) + 1, n_layers), "final"]
 
 
 def density_verdict(values: list[float], tolerance: float = TOLERANCE) -> tuple[str, float]:
@@ -117,7 +123,7 @@ def density_experiment(
         "parameter": param,
         "values": list(values),
         "modified_layers": group,
-        "after_layers": [*range(max(group) + 1, n_layers), "final"],
+        "after_layers": after_entries(group, n_layers),
         "sites": list(DENSITY_SITES),
         "verdicts": {s: density_verdict(curves[s])[0] for s in DENSITY_SITES},
     }

@@ -13,6 +13,8 @@ from torch import Tensor, nn
 from sinklab.ablate.core import AblationConfig, ProgressCallback, mean, thirds
 from sinklab.ablate.perplexity import perplexity
 from sinklab.arch import model_shape
+from sinklab.claims.effects import first_token_cosine_effect
+from sinklab.claims.registry import judge
 from sinklab.errors import SinklabError
 from sinklab.interventions import MaskSink, first_token, intervene, jacobian_sensitivity
 from sinklab.probe import ProbeConfig, ProbeResult, probe
@@ -26,6 +28,7 @@ CLAIM_BOS = (
     "token costs quality)"
 )
 CLAIM_MIXING = "Barbero et al. 2025 (sinks stop over-mixing)"
+CLAIM_ID_GEOMETRY = "first-token-cosine"  # the claims row the geometry finding quotes
 CLAIM_GEOMETRY = (
     "Súkeník et al., 'Sink vs. diagonal patterns' (the first token's cosine with the others is "
     "<= 0 in middle layers)"
@@ -237,13 +240,43 @@ def _mean_layers(rows: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
     return out
 
 
-def geometry_verdict(cos: Tensor, middle: list[int]) -> str:
-    """The rule of docs/experiments.md on the attention-input cosines ``cos`` (texts, layers)."""
+def geometry_claim(cos: Tensor, seed: int = 0) -> dict[str, Any]:
+    """The claims rule of docs/claims.md on the attention-input cosines ``cos`` (texts, layers):
+    one effect per text (:func:`~sinklab.claims.effects.first_token_cosine_effect`, the mean over
+    the middle layers), their bootstrap interval and the verdict of ``first-token-cosine``:
+    what ``sinklab claims`` computes from the same numbers."""
+    effects = [first_token_cosine_effect(row) for row in cos.tolist()]
+    interval, v = judge(CLAIM_ID_GEOMETRY, effects, seed=seed)
+    return {
+        "id": CLAIM_ID_GEOMETRY,
+        "effects": effects,
+        "effect": None if interval is None else interval.mean,
+        "interval": None if interval is None else [interval.low, interval.high],
+        "verdict": v.verdict,
+        "reason": v.reason,
+    }
+
+
+def _positive_layers(cos: Tensor, middle: list[int]) -> str:
+    """Which middle layers have a positive first-token cosine (mean over texts), and how many
+    (text, layer) cells are positive."""
     mid = cos[:, middle]
-    n_pos = int((mid > 0).sum())
-    if n_pos == 0:
-        return f"<= 0 in all {mid.numel()} (text, layer) cells: the claim holds here"
-    return f"> 0 in {n_pos} of {mid.numel()} (text, layer) cells: the claim does not hold here"
+    pos = [li for li, x in zip(middle, mid.mean(0).tolist(), strict=True) if x > 0]
+    cells = f"{int((mid > 0).sum())} of {mid.numel()} (text, layer) cells > 0"
+    if not pos:
+        return f"every middle layer <= 0 on average ({cells})"
+    return f"layer{'s' * (len(pos) > 1)} {_ranges(pos)} positive on average ({cells})"
+
+
+def _ranges(xs: list[int]) -> str:
+    """[10, 11, 14] -> "10-11, 14"."""
+    out: list[str] = []
+    for x in xs:
+        if out and int(out[-1].split("-")[-1]) == x - 1:
+            out[-1] = f"{out[-1].split('-')[0]}-{x}"
+        else:
+            out.append(str(x))
+    return ", ".join(out)
 
 
 def geometry_experiment(
@@ -279,12 +312,17 @@ def geometry_experiment(
             others.append(f"{s} mean {mean(vals):.3f}")
     kinds = [k for c in conditions.values() for layer in c["head_kind"] for k in layer]
     counts = {k: kinds.count(k) for k in sorted(set(kinds))}
+    claim = geometry_claim(cos, config.seed)
+    mean_of = f"mean {claim['effect']:.3f} " if claim["effect"] is not None else ""
+    reason = claim["reason"]
+    reason = f"95 % {reason}" if reason.startswith("interval") else reason
     finding = (
-        f"{CLAIM_GEOMETRY}: at the attention input (each layer's input after its own input norm) "
-        f"the first-token cosine in the middle layers {middle[0]}..{middle[-1]} over {len(ids)} "
-        f"texts ranges {float(mid.min()):.3f}..{float(mid.max()):.3f} (mean "
-        f"{float(mid.mean()):.3f}), {geometry_verdict(cos, middle)}; the same layers at the other "
-        "sites: "
+        f"{CLAIM_GEOMETRY}: {claim['verdict']} by the claims rule (docs/claims.md: the mean over "
+        f"the middle layers {middle[0]}..{middle[-1]} of the first-token cosine at the attention "
+        f"input, each layer's input after its own input norm; {mean_of}over {len(ids)} texts, "
+        f"{reason}); per "
+        f"layer, {_positive_layers(cos, middle)}, cells range {float(mid.min()):.3f}.."
+        f"{float(mid.max()):.3f}; the same layers at the other sites: "
         + (", ".join(others) or "none measured")
         + "; head kinds over all texts: "
         + ", ".join(f"{k} {v}" for k, v in counts.items())
@@ -294,6 +332,7 @@ def geometry_experiment(
         "sites": list(SITES),
         "verdict_site": site,
         "middle_layers": middle,
+        "claim": claim,
         "key_note": key_note,
         "n_heads": n_heads,
     }

@@ -18,6 +18,7 @@ import torch
 from torch import Tensor, nn
 
 from sinklab.arch import model_shape
+from sinklab.claims.effects import first_token_cosine_effect
 
 Sample = tuple[str, Tensor]  # (name, ids (T,))
 Tick = Callable[[str], None]  # called once per (claim group, sample) done
@@ -38,10 +39,6 @@ class Measurement:
 def _geomean(xs: Sequence[float]) -> float | None:
     xs = [float(x) for x in xs if math.isfinite(float(x)) and float(x) > 0]
     return math.exp(sum(math.log(x) for x in xs) / len(xs)) if xs else None
-
-
-def _layer_thirds(n_layers: int) -> list[list[int]]:
-    return [[int(x) for x in c] for c in torch.arange(n_layers).tensor_split(3)]
 
 
 def _n_layers(model: nn.Module) -> int:
@@ -157,18 +154,16 @@ def measure_sensitivity(
 def measure_geometry(
     model: nn.Module, samples: Sequence[Sample], cfg: Any, tick: Tick
 ) -> dict[str, Measurement]:
-    """first-token-cosine: mean over the middle third of the first-token cosine at the
-    attention input (the layer's input after its own input norm)."""
-    from sinklab.probe.geometry import geometry
+    """first-token-cosine: the attention input's first-token cosine (the layer's input after its
+    own input norm), averaged over the middle layers (:func:`first_token_cosine_effect`, which
+    ``sinklab ablate -e geometry`` applies too)."""
+    from sinklab.probe.geometry import geometry, middle_third
 
-    m = Measurement(sizes={"tokens": cfg.probe_tokens})
-    middle = _layer_thirds(_n_layers(model))[1] or list(range(_n_layers(model)))
-    m.sizes["layers"] = middle
+    m = Measurement(sizes={"tokens": cfg.probe_tokens, "layers": middle_third(_n_layers(model))})
     for name, ids in samples:
         geo = geometry(model, ids[: cfg.probe_tokens], sites=("attention_input",))
         vals = geo.series("first_token_cosine", "attention_input")
-        mid = [float(vals[i]) for i in middle if vals[i] is not None]
-        effect = sum(mid) / len(mid) if mid else None
+        effect = first_token_cosine_effect(vals)
         m.samples.append({"sample": name, "effect": effect, "by_layer": vals})
         tick("geometry")
     return {"first-token-cosine": m}
@@ -177,32 +172,37 @@ def measure_geometry(
 def measure_density(
     model: nn.Module, samples: Sequence[Sample], cfg: Any, tick: Tick
 ) -> dict[str, Measurement]:
-    """density-oversmooths: mix the model's own weights with uniform-causal (lam) in the middle
-    third; token similarity at the attention input of the later layers, minus unmodified."""
-    from sinklab.interventions import AttentionMix, intervene
-    from sinklab.probe.geometry import geometry
+    """density-oversmooths: ``sinklab ablate -e density`` per sample (protocol mix, one lam, the
+    middle third): token similarity at the attention input over the entries after the modified
+    group (the experiment's :func:`~sinklab.ablate.density.after_group`), mixed minus unmodified."""
+    from sinklab.ablate import AblationConfig, run_experiment
+    from sinklab.ablate.density import after_entries, density_layers
 
-    m = Measurement(sizes={"tokens": cfg.probe_tokens, "protocol": "mix", "lam": cfg.density_lam})
+    lam, site = cfg.density_lam, "attention_input"
+    acfg = AblationConfig(protocol="mix", lams=(lam,), grid=2)  # grid: sensitivity's, unused
     n_layers = _n_layers(model)
-    thirds = _layer_thirds(n_layers)
-    group, after = thirds[1], thirds[2]
-    if not group or not after:
-        m.not_measured = f"{n_layers} layers: no middle group with layers after it"
-        return {"density-oversmooths": m}
-    m.sizes.update(layers=group, measured_layers=after)
-
-    def similarity(ids: Tensor, handlers: tuple) -> list[float | None]:
-        with intervene(model, *handlers):
-            geo = geometry(model, ids, sites=("attention_input",))
-        return geo.series("token_similarity", "attention_input")
-
+    group = density_layers(acfg, n_layers)
+    m = Measurement(
+        sizes={
+            "tokens": cfg.probe_tokens,
+            "protocol": "mix",
+            "lam": lam,
+            "layers": group,
+            "measured_layers": after_entries(group, n_layers),
+        }
+    )
     for name, ids in samples:
-        ids = ids[: cfg.probe_tokens]
-        base = similarity(ids, ())
-        mixed = similarity(ids, (AttentionMix(layers=frozenset(group), lam=cfg.density_lam),))
-        pairs = [(b, x) for b, x in (zip(base, mixed, strict=True)) if b is not None]
-        diffs = [float(mixed[i]) - float(base[i]) for i in after if base[i] is not None]
-        effect = sum(diffs) / len(diffs) if diffs and pairs else None
-        m.samples.append({"sample": name, "effect": effect, "unmodified": base, "perturbed": mixed})
+        res = run_experiment("density", model, None, ids[: cfg.probe_tokens], acfg)
+        base = res.conditions["unmodified"]
+        mixed = next(c for c in res.conditions.values() if c.get("lam") == lam)
+        effect = mixed["after_group_similarity"][site] - base["after_group_similarity"][site]
+        m.samples.append(
+            {
+                "sample": name,
+                "effect": effect if math.isfinite(effect) else None,
+                "unmodified": base["token_similarity"][site],
+                "perturbed": mixed["token_similarity"][site],
+            }
+        )
         tick("density")
     return {"density-oversmooths": m}

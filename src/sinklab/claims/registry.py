@@ -8,9 +8,10 @@ verdict is computed from these fields and the measured samples by :mod:`sinklab.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
-from sinklab.claims.rules import DIRECTIONS
+from sinklab.claims.rules import DIRECTIONS, Interval, Verdict, decide
 from sinklab.errors import SinklabError
 
 SOURCES = ("model", "lab", "cost")  # where the samples come from: texts, lab runs, cost fits
@@ -212,3 +213,16 @@ def get_claim(claim_id: str) -> Claim:
         if c.id == claim_id:
             return c
     raise SinklabError(f"unknown claim {claim_id!r}; claims are: {', '.join(CLAIM_IDS)}")
+
+
+def judge(
+    claim_id: str,
+    effects: Sequence[float | None],
+    *,
+    not_measured: str | None = None,
+    seed: int = 0,
+) -> tuple[Interval | None, Verdict]:
+    """The rule of docs/claims.md applied to ``effects`` (one per sample) of a registered claim:
+    its bootstrap interval and verdict against the claim's direction and threshold."""
+    c = get_claim(claim_id)
+    return decide(effects, c.direction, c.threshold, not_measured=not_measured, seed=seed)
