@@ -68,6 +68,35 @@ def test_claims_json_and_files(capsys, tmp_path, tiny_model_dir, one_thread):
     # a second run replaces its own output; text mode prints the table
     code, stdout, err = run(capsys, [*args, "--out", str(out)])
     assert code == 0 and "first-token-sinks" in stdout, err
+    first = rows[0]
+    lo, hi = first["interval"]
+    line = next(ln for ln in stdout.splitlines() if first["id"] in ln)
+    for cell in (f"{first['effect']:.3g}", f"[{lo:.3g}, {hi:.3g}]", f"> {first['threshold']:.3g}"):
+        assert cell in line, (cell, line)
+
+
+def test_the_claims_table_in_words():
+    from sinklab.claims.table import claimed, reasons, text_rows
+
+    row = {
+        "id": "x",
+        "site": "attention weights",
+        "effect": 0.61234,
+        "interval": [0.5, 0.70001],
+        "direction": "below",
+        "threshold": 0.25,
+        "n_valid": 2,
+        "n_samples": 3,
+        "verdict": "inconclusive",
+        "reason": "only 2 of 3 samples",
+    }
+    none = {**row, "id": "y", "effect": None, "interval": None, "verdict": "supported"}
+    assert claimed(row) == "< 0.25"
+    assert text_rows({"claims": [row, none]}) == [
+        ("x", "attention weights", "0.612", "[0.5, 0.7]", "< 0.25", "2/3", "inconclusive"),
+        ("y", "attention weights", "-", "-", "< 0.25", "2/3", "supported"),
+    ]
+    assert reasons({"claims": [row, none]}) == ["x: only 2 of 3 samples"]
 
 
 @pytest.mark.parametrize(

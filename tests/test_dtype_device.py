@@ -70,7 +70,7 @@ def test_cli_dtype_and_device(tiny_model_dir, tmp_path, capsys):
 
 
 @pytest.mark.parametrize(
-    "command", ["info", "probe", "stream", "ablate", "generate", "report", "chat"]
+    "command", ["info", "probe", "stream", "ablate", "generate", "report", "chat", "claims"]
 )
 def test_every_command_takes_dtype_and_device(command, capsys):
     assert main([command, "--help"]) == 0

@@ -9,6 +9,8 @@ from typing import Annotated
 import typer
 
 from sinklab.commands.common import (
+    DeviceOpt,
+    DtypeOpt,
     FormatOpt,
     ModelOpt,
     OutputFormat,
@@ -17,6 +19,7 @@ from sinklab.commands.common import (
     emit_json,
     parse_int_list,
     progress,
+    split_list,
     stderr,
 )
 from sinklab.errors import SinklabError
@@ -24,13 +27,8 @@ from sinklab.errors import SinklabError
 COMMAND = "claims"
 
 
-def _names(value: str | None, name: str) -> tuple[str, ...] | None:
-    if value is None:
-        return None
-    parts = tuple(p.strip() for p in value.split(",") if p.strip())
-    if not parts:
-        raise SinklabError(f"{name} is empty; pass comma-separated names")
-    return parts
+def _names(value: str | None, name: str, example: str) -> tuple[str, ...] | None:
+    return None if value is None else tuple(split_list(value, name, example))
 
 
 def claims(
@@ -67,6 +65,8 @@ def claims(
     fmt: FormatOpt = OutputFormat.text,
     seed: SeedOpt = 0,
     trust_remote_code: TrustOpt = False,
+    dtype: DtypeOpt = "float32",
+    device: DeviceOpt = "cpu",
 ) -> None:
     """Test every seed claim with the rule of docs/claims.md: effect, 95 % interval, verdict.
 
@@ -79,9 +79,9 @@ def claims(
     from sinklab.meta import attach_meta
 
     config = ClaimsConfig(
-        texts=_names(texts, "--texts") or DEFAULT_TEXTS,
+        texts=_names(texts, "--texts", "shakespeare:hamlet,my.txt") or DEFAULT_TEXTS,
         windows=windows,
-        claims=_names(only, "--claims"),
+        claims=_names(only, "--claims", "first-token-sinks,sink-cheaper"),
         probe_tokens=tokens,
         stream_tokens=stream_tokens,
         window=window,
@@ -107,7 +107,9 @@ def claims(
         from sinklab.models import load_model
 
         with stderr.status("loading model"):
-            loaded = load_model(model, trust_remote_code=trust_remote_code)
+            loaded = load_model(
+                model, dtype=dtype, device=device, trust_remote_code=trust_remote_code
+            )
     start = time.perf_counter()
     with progress(fmt is OutputFormat.text) as bars:
         result = run_claims(
@@ -145,35 +147,26 @@ def claims(
         stderr.print(f"wrote {out}/claims.json and claims_effects.png")
 
 
-def _fmt(x: float | None) -> str:
-    return "-" if x is None else f"{x:.3g}"
-
-
 def _print_table(data: dict) -> None:
     from rich.console import Console
     from rich.table import Table
 
+    from sinklab.claims.table import COLUMNS, reasons, text_rows
+
     table = Table(title="Seed claims (rule: docs/claims.md)", show_lines=False)
-    table.add_column("claim", no_wrap=True, min_width=max(len(r["id"]) for r in data["claims"]))
-    for col in ("site", "effect", "95% interval", "claimed", "n"):
-        table.add_column(col)
-    table.add_column("verdict", no_wrap=True)
-    for r in data["claims"]:
-        iv = r["interval"]
-        table.add_row(
-            r["id"],
-            r["site"],
-            _fmt(r["effect"]),
-            "-" if iv is None else f"[{_fmt(iv[0])}, {_fmt(iv[1])}]",
-            f"{'>' if r['direction'] == 'above' else '<'} {r['threshold']:.3g}",
-            f"{r['n_valid']}/{r['n_samples']}",
-            r["verdict"],
+    for col in COLUMNS:
+        wide = col == "claim"
+        table.add_column(
+            col,
+            no_wrap=col != "site",  # numbers never break; the site's words may
+            min_width=max(len(r["id"]) for r in data["claims"]) if wide else None,
         )
+    for row in text_rows(data):
+        table.add_row(*row)
     console = Console()
     console.print(table)
-    for r in data["claims"]:
-        if r["verdict"] == "inconclusive":
-            console.print(f"{r['id']}: {r['reason']}")
+    for line in reasons(data):
+        console.print(line)
 
 
 def register(app: typer.Typer) -> None:

@@ -108,6 +108,8 @@ def _run(ctx: StageContext) -> StageOutput:
 
 def claims_table(data: dict[str, Any]) -> TableSpec:
     """One row per claim; every number points at its place in the stage's JSON."""
+    from sinklab.claims.table import claimed
+
     rows = []
     for i, r in enumerate(data["claims"]):
         iv = r["interval"]
@@ -121,7 +123,7 @@ def claims_table(data: dict[str, Any]) -> TableSpec:
                 Cell(None, ("claims", i, "effect")) if r["effect"] is not None else Cell("–"),
                 Cell(None, ("claims", i, "interval", 0)) if iv else Cell("–"),
                 Cell(None, ("claims", i, "interval", 1)) if iv else Cell("–"),
-                Cell(f"{'>' if r['direction'] == 'above' else '<'} {r['threshold']:.3g}"),
+                Cell(claimed(r)),
                 Cell(None, ("claims", i, "n_valid")),
                 Cell(None, ("claims", i, "verdict")),
                 Cell(r["reason"]),
