@@ -39,19 +39,19 @@ def _probe_params(ctx: StageContext) -> dict[str, Any]:
     return {"tokens": ctx.cap_tokens(c.probe_tokens), "q0": c.q0}
 
 
-def _probe_command(ctx: StageContext) -> list[str]:
-    p = _probe_params(ctx)
+def _probe_cli(ctx: StageContext, name: str, tokens: int, lengths: list[int] | None) -> list[str]:
+    """``sinklab probe`` as stage ``name`` runs it (``--lengths``: the length trend)."""
+    trend = ["--lengths", ",".join(map(str, lengths))] if lengths else []
     return [
         *_base_command(ctx, "probe"),
-        "--tokens",
-        str(p["tokens"]),
-        "--q0",
-        str(p["q0"]),
-        "--eps",
-        ",".join(f"{e:g}" for e in _probe_config(ctx).eps),
-        "--out",
-        reproduce_dir(ctx, "probe"),
+        *("--tokens", str(tokens), *trend, "--q0", str(ctx.config.q0)),
+        *("--eps", ",".join(f"{e:g}" for e in _probe_config(ctx).eps)),
+        *("--out", reproduce_dir(ctx, name)),
     ]
+
+
+def _probe_command(ctx: StageContext) -> list[str]:
+    return _probe_cli(ctx, "probe", _probe_params(ctx)["tokens"], None)
 
 
 def _probe_config(ctx: StageContext) -> Any:
@@ -168,20 +168,8 @@ def _probe_lengths_params(ctx: StageContext) -> dict[str, Any]:
 
 
 def _probe_lengths_command(ctx: StageContext) -> list[str]:
-    p = _probe_lengths_params(ctx)
-    return [
-        *_base_command(ctx, "probe"),
-        "--tokens",
-        str(max(p["lengths"])),
-        "--lengths",
-        ",".join(map(str, p["lengths"])),
-        "--q0",
-        str(p["q0"]),
-        "--eps",
-        ",".join(f"{e:g}" for e in _probe_config(ctx).eps),
-        "--out",
-        reproduce_dir(ctx, "probe-lengths"),
-    ]
+    lengths = _probe_lengths_params(ctx)["lengths"]
+    return _probe_cli(ctx, "probe-lengths", max(lengths), lengths)
 
 
 def _run_probe_lengths(ctx: StageContext) -> StageOutput:

@@ -269,35 +269,29 @@ def run_stage(stage: Stage, ctx: StageContext) -> StageResult:
     start, cpu = time.perf_counter(), time.process_time()
     params: dict[str, Any] = {}
     command: list[str] = []
+    output: StageOutput | None = None
+    error: str | None = None
+    trace: str | None = None
     try:
         params = stage.params(ctx)
         command = stage.command(ctx)
         output = stage.run(ctx)
     except Exception as exc:
-        result = StageResult(
-            stage.name,
-            stage.title,
-            stage.about,
-            "failed",
-            time.perf_counter() - start,
-            params,
-            command,
-            error=describe_error(exc),
-            traceback="".join(traceback.format_exception(exc, limit=-8)),
-        )
-    else:
-        result = StageResult(
-            stage.name,
-            stage.title,
-            stage.about,
-            "ok",
-            time.perf_counter() - start,
-            params,
-            command,
-            output=output,
-        )
-    result.cpu_seconds = time.process_time() - cpu
-    return result
+        error = describe_error(exc)
+        trace = "".join(traceback.format_exception(exc, limit=-8))
+    return StageResult(
+        stage.name,
+        stage.title,
+        stage.about,
+        "ok" if error is None else "failed",
+        time.perf_counter() - start,
+        params,
+        command,
+        output=output,
+        error=error,
+        traceback=trace,
+        cpu_seconds=time.process_time() - cpu,
+    )
 
 
 def reproduce_dir(ctx: StageContext, name: str) -> str:
