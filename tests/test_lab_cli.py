@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 from helpers import assert_one_line_error, run_main
+from sinklab.meta import META_KEYS
 
 
 def test_cost_cli_writes_json_and_figure(capsys, tmp_path):
@@ -41,4 +42,6 @@ def test_train_cli_backcopy_writes_the_backcopy_metrics(capsys, tmp_path):
     keys |= {"output_norm_nontrigger", "output_norm_trigger"}
     assert keys <= set(bc) and bc["head"] == [0, 0] and bc["gate_nontrigger"] is None
     assert "first-token mass at non-trigger queries" in proc.stderr
+    assert tuple(data["meta"]) == META_KEYS and data["meta"]["params"] == data["config"]
+    assert data["run"]["triggers"] == [" ", "e", "t"] and data["run"]["processes"] == 1
     assert (tmp_path / "checkpoints" / "step-3" / "tokenizer.json").is_file()

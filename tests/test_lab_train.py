@@ -3,13 +3,18 @@
 from __future__ import annotations
 
 import json
+from dataclasses import asdict
 
 import pytest
+import torch
 
 from sinklab.errors import SinklabError
 from sinklab.lab.data import DATA_STRATEGIES, DataConfig, LabData
 from sinklab.lab.model import LAB_VARIANTS
-from sinklab.lab.train import TrainConfig, checkpoint_steps, train
+from sinklab.lab.train import TrainConfig, build_model, checkpoint_steps, probe_summary, train
+from sinklab.meta import META_KEYS
+from sinklab.models import file_sha256
+from sinklab.probe import ProbeConfig, probe
 
 TINY = dict(
     steps=40,
@@ -75,6 +80,41 @@ def test_same_seed_same_loss_curve_and_outputs(tmp_path, shared_tokenizer):
         assert (tmp_path / "a" / f"{name}.json").is_file()
     final = tmp_path / "a" / "checkpoints" / "step-8"
     assert (final / "config.json").is_file() and (final / "tokenizer.json").is_file()
+    # the one provenance block; the run's own facts beside it, not in it
+    meta, run = saved["meta"], saved["run"]
+    assert tuple(meta) == META_KEYS and meta["params"] == asdict(config)
+    assert meta["text"]["name"] == "shakespeare" and len(meta["text"]["sha256"]) == 64
+    model = meta["model"]
+    assert model["model_type"] == "sinklab-tiny" and model["source"] == "checkpoints/step-8"
+    assert model["weights_sha256"] == file_sha256(final / "model.safetensors")
+    n_params = sum(p.numel() for p in build_model(config, config.vocab_size).parameters())
+    assert model["n_params"] == n_params and model["n_layers"] == 1 and model["n_heads"] == 2
+    data = _data(config, shared_tokenizer)
+    assert run["corpus"] == "first 8 scenes" and run["n_train_tokens"] == data.n_train_tokens
+    assert run["n_sequences"] == data.ids.shape[0] and run["processes"] == 1
+    assert run["probe"] == {"q0": 0, "eps": [0.3, 0.8], "key": 0, "n_tokens": 24}
+    assert 0 < run["step_seconds"] <= meta["seconds"]
+    assert b.meta["model"]["source"] == "in memory (not saved)" and b.run.keys() == run.keys()
+
+
+def test_checkpoint_rows_are_the_probes_own_numbers():
+    """A checkpoint's sink rate is the probe's ``sink_rate`` (not recomputed), equal to a count
+    by hand; the mean sink mass is the mean of the probe's ``sink_mass``."""
+    model = build_model(TrainConfig(layers=2, d_model=24, heads=3, vocab_size=320)).eval()
+    with torch.no_grad():  # sharper attention: some heads above 0.3, some below (rate 5/6)
+        for name, p in model.named_parameters():
+            if "qkv" in name:
+                p.mul_(8)
+    ids = torch.randint(3, 300, (8,), generator=torch.Generator().manual_seed(0))
+    row = probe_summary(model, ids)
+    own = probe(model, ids, config=ProbeConfig(q0=0, eps=(0.3, 0.8)))
+    assert row["sink_rate"] == own.sink_rate and row["sink_mass"] == own.sink_mass.tolist()
+    flat = [m for layer in row["sink_mass"] for m in layer]
+    for eps in (0.3, 0.8):
+        by_hand = sum(m > eps for m in flat) / len(flat)
+        assert abs(row["sink_rate"][f"{eps:g}"] - by_hand) < 1e-6
+    assert 0 < row["sink_rate"]["0.3"] < 1  # the count is not trivially all or none
+    assert row["first_token_sink_mass"] == pytest.approx(sum(flat) / len(flat), abs=1e-12)
 
 
 def test_checkpoint_schedule():
@@ -100,7 +140,9 @@ def test_sweep_resumes_finished_runs_and_retrains_changed_ones(tmp_path):
     first = run_sweep("data", base, tmp_path)
     stamps = {d: (tmp_path / d / "train.json").stat().st_mtime_ns for d in DATA_STRATEGIES}
     saved = json.loads((tmp_path / "sweep.json").read_text())
-    assert saved["kind"] == "data" and saved["rows"] == first.rows and "meta" in saved
+    assert saved["kind"] == "data" and saved["rows"] == first.rows and saved["swept"] == "data"
+    assert tuple(saved["meta"]) == META_KEYS and saved["meta"]["params"] == asdict(base)
+    assert saved["meta"]["model"] is None and saved["meta"]["text"]["name"] == "shakespeare"
     assert (tmp_path / "sweep_compare.png").is_file() and (tmp_path / "sweep.md").is_file()
     again = run_sweep("data", base, tmp_path)
     assert again.rows == first.rows

@@ -87,56 +87,41 @@ def train(
     sinklab train --preset gpu --sweep data
     """
     from sinklab.lab.distributed import train_distributed
-    from sinklab.lab.presets import preset as make_preset
+    from sinklab.lab.presets import config_from_options
     from sinklab.lab.ranks import check_nproc
+    from sinklab.lab.summary import train_sentences
     from sinklab.lab.sweep import run_sweep
     from sinklab.lab.train import train as run_train
     from sinklab.outputs import check_out, mark_in_place, output_dir
 
-    sizes = {
-        "steps": steps,
-        "layers": layers,
-        "d_model": d_model,
-        "heads": heads,
-        "seq_len": seq_len,
-        "batch_size": batch_size,
-        "vocab_size": vocab_size,
-        "device": device,
-        "n_triggers": n_triggers,
-    }
-    overrides = {k: v for k, v in sizes.items() if v is not None}
     swept = {Sweep.variants: "variant", Sweep.data: "data"}.get(sweep)
     if swept is not None and given(ctx, swept):
         raise SinklabError(
             f"--{swept} has no effect with --sweep {sweep.value} (the sweep trains every "
             f"{swept}); drop one of them"
         )
-    config = make_preset(
-        preset, task=task.value, variant=variant, data=data, seed=seed, **overrides
+    config = config_from_options(
+        preset,
+        task=task.value,
+        variant=variant,
+        data=data,
+        seed=seed,
+        steps=steps,
+        layers=layers,
+        d_model=d_model,
+        heads=heads,
+        seq_len=seq_len,
+        batch_size=batch_size,
+        vocab_size=vocab_size,
+        device=device,
+        n_triggers=n_triggers,
     )
     check_nproc(nproc, config.batch_size)
     if nproc > 1 and sweep is not None:
         raise SinklabError("--nproc trains one run; drop --sweep or --nproc")
     out = check_out(out, "train")  # one run: built aside, replaces OUT whole when it finishes
     with progress(fmt is OutputFormat.text) as prog:
-        if nproc > 1:  # no per-step progress from the worker processes
-            with output_dir(out, "train") as folder:
-                result = train_distributed(config, folder, nproc)
-            result.out = out
-            summary = {"out": str(out), "val": result.val, "last": result.checkpoints[-1]}
-        elif sweep is None:
-            bar = prog.add_task(f"{config.variant}/{config.data}", total=config.steps, status="")
-            with output_dir(out, "train") as folder:
-                result = run_train(
-                    config,
-                    folder,
-                    callback=lambda s, loss: prog.update(
-                        bar, completed=s, status=f"loss {loss:.3f}"
-                    ),
-                )
-            result.out = out
-            summary = {"out": str(out), "val": result.val, "last": result.checkpoints[-1]}
-        else:
+        if sweep is not None:
             tasks: dict[str, int] = {}
 
             def cb(name: str, s: int, loss: float) -> None:
@@ -147,27 +132,32 @@ def train(
             # a sweep fills OUT in place: each finished run (OUT/<value>, written whole) is kept
             # through an interrupt and reused by the next identical sweep
             result = run_sweep(sweep.value, config, mark_in_place(out, "train"), callback=cb)
-            summary = {"out": str(out), "rows": result.rows}
+            if fmt is OutputFormat.json:
+                emit_json({"out": str(out), "rows": result.rows})
+            else:
+                stderr.print(result.table())
+                stderr.print(f"wrote {out}/sweep.json, sweep.md, {result.figure_name}")
+            return
+        with output_dir(out, "train") as folder:
+            if nproc > 1:  # no per-step progress from the worker processes
+                run = train_distributed(config, folder, nproc)
+            else:
+                bar = prog.add_task(
+                    f"{config.variant}/{config.data}", total=config.steps, status=""
+                )
+                run = run_train(
+                    config,
+                    folder,
+                    callback=lambda s, loss: prog.update(
+                        bar, completed=s, status=f"loss {loss:.3f}"
+                    ),
+                )
     if fmt is OutputFormat.json:
-        emit_json(summary)
-    elif sweep is not None:
-        stderr.print(result.table())
-        fig = "sweep_emergence.png" if config.task == "backcopy" else "sweep_compare.png"
-        stderr.print(f"wrote {out}/sweep.json, sweep.md, {fig}")
-    else:
-        v = result.val
-        if "backcopy" in result.checkpoints[-1]:
-            bc = result.checkpoints[-1]["backcopy"]
-            stderr.print(
-                f"backcopy, head {bc['head']}: first-token mass at non-trigger queries "
-                f"{bc['first_token_mass_nontrigger']:.3f}, previous-token mass at trigger queries "
-                f"{bc['prev_token_mass_trigger']:.3f}, output norm non-trigger/trigger "
-                f"{bc['output_norm_nontrigger']:.3f}/{bc['output_norm_trigger']:.3f}"
-            )
-        stderr.print(
-            f"sink rate {result.checkpoints[-1]['sink_rate']}; val PPL {v['ppl_with_first']:.2f} "
-            f"with the first token, {v['ppl_without_first']:.2f} without; wrote {out}/train.json"
-        )
+        emit_json({"out": str(out), "val": run.val, "last": run.checkpoints[-1]})
+        return
+    for line in train_sentences(run):
+        stderr.print(line)
+    stderr.print(f"wrote {out}/train.json")
 
 
 def register(app: typer.Typer) -> None:

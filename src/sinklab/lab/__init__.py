@@ -6,9 +6,13 @@
   packed-bos, doc-mask (task ``text``);
 * :mod:`sinklab.lab.backcopy`: the bigram-backcopy task (Guo et al. 2024), online batches;
   :mod:`sinklab.lab.backcopy_metrics`: what each head does at trigger / non-trigger queries;
-* :mod:`sinklab.lab.train`: ``TrainConfig``, ``train`` (probe at every checkpoint);
-  :mod:`sinklab.lab.presets`: ``preset`` (cpu / gpu, per task);
-  :mod:`sinklab.lab.distributed`: ``train_distributed`` (DDP over local processes);
+* :mod:`sinklab.lab.config`: ``TrainConfig``; :mod:`sinklab.lab.presets`: ``preset`` (cpu / gpu,
+  per task), ``config_from_options`` (what a command line asks for);
+* :mod:`sinklab.lab.train`: ``train`` (probe at every checkpoint), and the
+  ``python -m sinklab.lab.train`` / ``torchrun ... -m sinklab.lab.train`` entry;
+  :mod:`sinklab.lab.summary`: a run's summary sentences;
+* :mod:`sinklab.lab.ranks`: a process's rank and its DDP process group;
+  :mod:`sinklab.lab.distributed`: ``train_distributed`` (DDP over spawned local processes);
 * :mod:`sinklab.lab.sweep`: ``run_sweep("variants" | "data" | "length" | "depth", ...)``;
 * :mod:`sinklab.lab.cost`: ``CostConfig``, ``run_cost``, ``fit_exponent``;
 * :mod:`sinklab.lab.plots`: loss, sink emergence, sweep comparison, cost figures.

@@ -5,7 +5,9 @@
 the same rows one process would draw) is split into ``nproc`` equal contiguous slices, one per
 rank; DDP averages the gradients, so each step equals one process's step on the whole batch up to
 floating-point summation order. Rank 0 probes the checkpoints, evaluates and writes ``out``; the
-logged loss is the mean of the ranks' losses (the whole batch's loss).
+logged loss is the mean of the ranks' losses (the whole batch's loss). The same run under
+``torchrun --nproc-per-node N -m sinklab.lab.train`` (:func:`sinklab.lab.train.main`) shares the
+process group (:func:`sinklab.lab.ranks.process_group`) and this split.
 """
 
 from __future__ import annotations
@@ -17,8 +19,9 @@ from pathlib import Path
 import torch
 
 from sinklab.errors import SinklabError
-from sinklab.lab.ranks import Ranks, check_nproc
-from sinklab.lab.train import TrainConfig, TrainResult, load_result, train
+from sinklab.lab.config import TrainConfig
+from sinklab.lab.ranks import Ranks, check_nproc, process_group
+from sinklab.lab.train import TrainResult, load_result, train
 
 
 def _free_port() -> int:
@@ -30,18 +33,11 @@ def _free_port() -> int:
 def _worker(
     rank: int, world: int, config: TrainConfig, out: str | None, port: int, threads: int
 ) -> None:
-    import torch.distributed as dist
-
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(threads)
-    backend = "nccl" if config.device == "cuda" else "gloo"
-    if config.device == "cuda":
-        torch.cuda.set_device(rank % torch.cuda.device_count())
-    dist.init_process_group(backend, rank=rank, world_size=world)
-    try:
-        train(config, Path(out) if (out and rank == 0) else None, ranks=Ranks(rank, world))
-    finally:
-        dist.destroy_process_group()
+    ranks = Ranks(rank, world)
+    with process_group(ranks, config.device):
+        train(config, Path(out) if (out and rank == 0) else None, ranks=ranks)
 
 
 def train_distributed(config: TrainConfig, out: Path, nproc: int, threads: int = 1) -> TrainResult:

@@ -1,12 +1,14 @@
-"""Named defaults for :class:`sinklab.lab.train.TrainConfig`, per task: ``cpu`` (minutes on 2
-cores) and ``gpu``. :func:`preset` builds a config from one, with overrides."""
+"""Named defaults for :class:`sinklab.lab.config.TrainConfig`, per task: ``cpu`` (minutes on 2
+cores) and ``gpu``. :func:`preset` builds a config from one, with overrides;
+:func:`config_from_options` from a command line's options (``sinklab train`` and
+``python -m sinklab.lab.train`` take the same ones, :data:`OPTION_FIELDS`)."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from sinklab.errors import SinklabError
-from sinklab.lab.train import TrainConfig
+from sinklab.lab.config import TrainConfig
 
 # The backcopy CPU default: a 1-layer, 1-head decoder that grows a first-token sink (mass 0.44
 # at non-trigger queries after these 300 steps, measured) in about 9 CPU-seconds: far under
@@ -65,3 +67,30 @@ def preset(name: str, **overrides: Any) -> TrainConfig:
     if name not in presets:
         raise SinklabError(f"unknown preset {name!r}; use one of: {', '.join(presets)}")
     return TrainConfig(**{**presets[name], **overrides})
+
+
+# the TrainConfig fields a command line sets (as --task, --d-model, ...; --preset picks the rest)
+OPTION_FIELDS = (
+    "task",
+    "variant",
+    "data",
+    "steps",
+    "layers",
+    "d_model",
+    "heads",
+    "seq_len",
+    "batch_size",
+    "vocab_size",
+    "device",
+    "n_triggers",
+    "seed",
+)
+
+
+def config_from_options(preset_name: str, **options: Any) -> TrainConfig:
+    """The configuration a command line asks for: the preset of ``options["task"]`` (default
+    ``text``) with every option that was given (not None) on top. Options are
+    :data:`OPTION_FIELDS`."""
+    if bad := sorted(set(options) - set(OPTION_FIELDS)):
+        raise SinklabError(f"unknown train option(s): {', '.join(bad)}")
+    return preset(preset_name, **{k: v for k, v in options.items() if v is not None})

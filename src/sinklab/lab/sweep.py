@@ -18,10 +18,11 @@ from typing import Any
 
 from sinklab.errors import SinklabError
 from sinklab.lab.backcopy import BackcopyData
+from sinklab.lab.config import TASK_DATA, TrainConfig
 from sinklab.lab.data import LabData
 from sinklab.lab.model import LAB_VARIANTS
-from sinklab.lab.train import TASK_DATA, TrainConfig, TrainResult, load_result, train
-from sinklab.meta import build_meta, write_json_atomic
+from sinklab.lab.train import TrainResult, corpus_text, load_result, train
+from sinklab.meta import attach_meta, write_json_atomic
 from sinklab.outputs import output_dir
 
 log = logging.getLogger(__name__)
@@ -65,13 +66,28 @@ COLUMNS = (
 
 @dataclass
 class SweepResult:
+    """One sweep: ``kind``, the ``base`` config, the ``swept`` field, one row per run; ``meta``:
+    the one provenance block (:func:`sinklab.meta.attach_meta`, params the base config)."""
+
     kind: str
     base: TrainConfig
     rows: list[dict[str, Any]]
     meta: dict[str, Any] = field(default_factory=dict)
+    swept: str = ""  # the TrainConfig field the runs differ in
 
     def to_json(self) -> dict[str, Any]:
-        return {"kind": self.kind, "base": asdict(self.base), "rows": self.rows, "meta": self.meta}
+        return {
+            "kind": self.kind,
+            "base": asdict(self.base),
+            "swept": self.swept,
+            "rows": self.rows,
+            "meta": self.meta,
+        }
+
+    @property
+    def figure_name(self) -> str:
+        """The comparison figure: each run's emergence curve (backcopy), else bars (text)."""
+        return "sweep_emergence.png" if self.base.task == "backcopy" else "sweep_compare.png"
 
     def table(self) -> str:
         """The rows as a Markdown table."""
@@ -153,8 +169,8 @@ def run_sweep(
             result.out = out / name
         rows.append(summary_row(name, result))
         results.append(result)
-    meta = build_meta(params=base, seconds=time.perf_counter() - t0, swept=field_name)
-    sweep = SweepResult(kind, base, rows, meta)
+    sweep = SweepResult(kind, base, rows, swept=field_name)
+    attach_meta(sweep, None, corpus_text(), base, time.perf_counter() - t0)
     write_outputs(sweep, out, results)
     return sweep
 
@@ -169,6 +185,6 @@ def write_outputs(sweep: SweepResult, out: Path, results: list[TrainResult]) -> 
     (out / "sweep.md").write_text(f"# sweep: {title}\n\n{sweep.table()}\n", encoding="utf-8")
     if b.task == "backcopy":
         curves = {r["name"]: res.checkpoints for r, res in zip(sweep.rows, results, strict=True)}
-        plot_emergence_curves(curves, out / "sweep_emergence.png", title=title)
+        plot_emergence_curves(curves, out / sweep.figure_name, title=title)
     else:
-        plot_sweep(sweep.rows, out / "sweep_compare.png", title=title)
+        plot_sweep(sweep.rows, out / sweep.figure_name, title=title)

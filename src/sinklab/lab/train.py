@@ -4,19 +4,26 @@ Two tasks: ``text`` (the plays, BPE tokens, a data strategy of :mod:`sinklab.lab
 ``backcopy`` (:mod:`sinklab.lab.backcopy`, online bigram-backcopy sequences; every checkpoint also
 records ``backcopy``, :func:`sinklab.lab.backcopy_metrics.backcopy_summary`).
 :func:`train` returns a :class:`TrainResult` (config, loss curve, one probe summary per
-checkpoint, validation perplexity with and without the first token, ``meta``) and writes
-``train.json``, ``loss.png`` and ``sinks.png`` (each beside the JSON of its numbers) and the
-checkpoints (``checkpoints/step-N``: weights, config, tokenizer; loadable by
-:func:`sinklab.models.load_model`) under ``out``.
+checkpoint, validation perplexity with and without the first token, the ``run`` facts, and the
+one provenance block ``meta`` of :func:`sinklab.meta.attach_meta`) and writes ``train.json``,
+``loss.png`` and ``sinks.png`` (each beside the JSON of its numbers) and the checkpoints
+(``checkpoints/step-N``: weights, config, tokenizer; loadable by :func:`sinklab.models.load_model`)
+under ``out``.
+
+``python -m sinklab.lab.train [--preset cpu] [--task ...] [--steps N] ... --out DIR`` (the
+options of ``sinklab train`` for one run) trains from a launcher: alone, or one process per rank
+under ``torchrun --nproc-per-node N`` (DDP, :mod:`sinklab.lab.ranks`; rank 0 writes).
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import math
+import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -24,104 +31,22 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from sinklab.corpus import Text, load_text
 from sinklab.errors import SinklabError
-from sinklab.lab.backcopy import BACKCOPY_DATA, BackcopyConfig, BackcopyData, backcopy_validation
+from sinklab.lab.backcopy import BackcopyData, backcopy_validation
 from sinklab.lab.backcopy_metrics import backcopy_summary
-from sinklab.lab.data import DATA_STRATEGIES, DataConfig, LabData
-from sinklab.lab.model import LAB_VARIANTS, LabConfig, LabForCausalLM
-from sinklab.lab.ranks import Ranks, check_nproc
-from sinklab.meta import build_meta, write_json_atomic
+from sinklab.lab.config import TrainConfig
+from sinklab.lab.data import LabData
+from sinklab.lab.model import LabConfig, LabForCausalLM
+from sinklab.lab.ranks import Ranks, check_nproc, process_group
+from sinklab.meta import attach_meta, write_json_atomic
+from sinklab.models import describe, file_sha256
 from sinklab.probe import ProbeConfig, probe
 
 log = logging.getLogger(__name__)
 
-MAX_VOCAB = 65536  # far above what the corpus's BPE can fill
-MAX_PARAMS = 500_000_000  # a lab model is tiny; this already needs ~8 GB with Adam's state
 EPS = (0.3, 0.8)  # sink-head thresholds (Gu et al., Barbero et al.), docs/metrics.md#q0-eps
-TASKS = ("text", "backcopy")
-TASK_DATA = {"text": DATA_STRATEGIES, "backcopy": BACKCOPY_DATA}
 BACKCOPY_PROBE_SEQUENCES = 16  # held-out sequences each checkpoint's backcopy metrics read
-
-
-@dataclass(frozen=True)
-class TrainConfig:
-    """One training run. Defaults: the ``cpu`` preset of the ``text`` task (each task's presets:
-    :mod:`sinklab.lab.presets`); a few minutes on 2 CPU cores."""
-
-    task: str = "text"  # "text" (the plays) or "backcopy" (Guo et al. 2024)
-    variant: str = "softmax"
-    data: str = "bos"
-    steps: int = 1200
-    layers: int = 4
-    d_model: int = 128
-    heads: int = 4
-    seq_len: int = 128
-    batch_size: int = 16
-    lr: float = 2e-3
-    warmup: int = 100
-    weight_decay: float = 0.1
-    seed: int = 0
-    device: str = "cpu"
-    vocab_size: int = 2048
-    n_checkpoints: int = 8  # probed checkpoints, log-spaced in steps, the last one at `steps`
-    eval_windows: int = 64  # held-out windows for the final perplexities
-    max_docs: int | None = None  # tests: keep the first N documents
-    keep_checkpoints: bool = True  # save weights of every checkpoint (the final one always)
-    n_triggers: int = 3  # backcopy: the most frequent characters are the triggers
-
-    def __post_init__(self) -> None:
-        if self.task not in TASKS:
-            raise SinklabError(f"unknown task {self.task!r}; use one of: {', '.join(TASKS)}")
-        if self.variant not in LAB_VARIANTS:
-            raise SinklabError(
-                f"unknown variant {self.variant!r}; use one of: {', '.join(LAB_VARIANTS)}"
-            )
-        if self.data not in TASK_DATA[self.task]:
-            raise SinklabError(
-                f"unknown data {self.data!r} for task {self.task}; use one of: "
-                f"{', '.join(TASK_DATA[self.task])}"
-            )
-        for name, lo in (("steps", 1), ("layers", 1), ("heads", 1), ("batch_size", 1)):
-            if getattr(self, name) < lo:
-                raise SinklabError(f"--{name.replace('_', '-')} must be >= {lo}")
-        if self.d_model % self.heads or (self.d_model // self.heads) % 2:
-            raise SinklabError(
-                f"--d-model ({self.d_model}) must be a multiple of --heads ({self.heads}) with an "
-                "even head size; e.g. --d-model 128 --heads 4"
-            )
-        if self.device not in ("cpu", "cuda"):
-            raise SinklabError(f"--device must be cpu or cuda, got {self.device!r}")
-        if not 0 < self.lr < 1:
-            raise SinklabError(f"--lr must be in (0, 1), got {self.lr}")
-        if self.n_checkpoints < 1 or self.eval_windows < 1:
-            raise SinklabError("n_checkpoints and eval_windows must be >= 1")
-        if self.n_triggers < 1:
-            raise SinklabError(f"--n-triggers must be >= 1, got {self.n_triggers}")
-        if not 1 <= self.vocab_size <= MAX_VOCAB:
-            raise SinklabError(
-                f"--vocab-size must be in 1..{MAX_VOCAB} (the BPE of the corpus has no more "
-                f"tokens to fill), got {self.vocab_size}"
-            )
-        n_params = 2 * self.vocab_size * self.d_model + 12 * self.layers * self.d_model**2
-        if n_params > MAX_PARAMS:
-            raise SinklabError(
-                f"a {self.layers}-layer, d_model {self.d_model}, vocab {self.vocab_size} model has "
-                f"~{n_params:.2g} parameters; lab models are tiny (at most {MAX_PARAMS:.0e}): "
-                "use smaller --layers / --d-model"
-            )
-
-    def data_config(self) -> DataConfig:
-        return DataConfig(
-            strategy=self.data,
-            seq_len=self.seq_len,
-            vocab_size=self.vocab_size,
-            max_docs=self.max_docs,
-        )
-
-    def backcopy_config(self) -> BackcopyConfig:
-        return BackcopyConfig(
-            seq_len=self.seq_len, bos=self.data == "bos", n_triggers=self.n_triggers
-        )
 
 
 def checkpoint_steps(steps: int, n: int) -> list[int]:
@@ -132,7 +57,13 @@ def checkpoint_steps(steps: int, n: int) -> list[int]:
 
 @dataclass
 class TrainResult:
-    """Everything ``train.json`` holds; ``checkpoints`` rows: step, sink_rate, sink_mass."""
+    """Everything ``train.json`` holds; ``checkpoints`` rows: step, sink_rate, sink_mass.
+
+    ``run``: what the run trained on and how it probed and ran (``corpus``, ``n_train_tokens``,
+    ``n_sequences``, backcopy ``triggers``; ``probe``: q0, eps, key, n_tokens; ``processes``,
+    ``torch_threads``, ``step_seconds``: wall time inside the optimizer steps, rank 0's).
+    ``meta``: exactly :data:`sinklab.meta.META_KEYS` (the trained model's description as the model).
+    """
 
     config: TrainConfig
     loss: list[tuple[int, float]]
@@ -140,6 +71,7 @@ class TrainResult:
     val: dict[str, float]
     meta: dict[str, Any] = field(default_factory=dict)
     out: Path | None = None
+    run: dict[str, Any] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -147,6 +79,7 @@ class TrainResult:
             "loss": [[s, v] for s, v in self.loss],
             "checkpoints": self.checkpoints,
             "val": self.val,
+            "run": self.run,
             "meta": self.meta,
         }
 
@@ -157,7 +90,8 @@ def load_result(out: Path) -> TrainResult | None:
         raw = json.loads((out / "train.json").read_text(encoding="utf-8"))
         config = TrainConfig(**raw["config"])
         loss = [(int(s), float(v)) for s, v in raw["loss"]]
-        return TrainResult(config, loss, raw["checkpoints"], raw["val"], raw.get("meta", {}), out)
+        meta, run = raw.get("meta", {}), raw.get("run", {})
+        return TrainResult(config, loss, raw["checkpoints"], raw["val"], meta, out, run)
     except (OSError, ValueError, KeyError, TypeError, SinklabError):
         return None
 
@@ -181,13 +115,14 @@ def _optimizer(model: torch.nn.Module, config: TrainConfig) -> torch.optim.Optim
 
 
 def probe_summary(model: torch.nn.Module, ids: torch.Tensor) -> dict[str, Any]:
-    """Sink mass ``(L, H)`` at key 0 (q0 = 0), sink rate at eps 0.3/0.8, via ``sinklab.probe``."""
+    """The probe's own numbers (q0 = 0, eps 0.3/0.8): its ``sink_rate`` per threshold and its
+    ``sink_mass`` ``(L, H)`` at key 0; ``first_token_sink_mass`` is their mean over (layer, head)
+    (NaN-safe, in float64)."""
     result = probe(model, ids, config=ProbeConfig(q0=0, eps=EPS))
-    mass = torch.as_tensor(result.sink_mass).to(torch.float64)  # (L, H)
     return {
-        "sink_rate": {str(e): float((mass > e).double().mean()) for e in EPS},
-        "first_token_sink_mass": float(mass.mean()),
-        "sink_mass": mass.tolist(),
+        "sink_rate": dict(result.sink_rate),
+        "first_token_sink_mass": float(result.sink_mass.double().nanmean()),
+        "sink_mass": result.sink_mass.tolist(),
     }
 
 
@@ -272,6 +207,11 @@ def train(
     ``ranks``: this process's place in a DDP run (:mod:`sinklab.lab.distributed`, the process
     group already initialised): it trains on its slice of each global batch; only rank 0
     probes, evaluates and writes (the other ranks return their loss curve only).
+
+    Rank 0's result carries the one provenance block (:func:`sinklab.meta.attach_meta`: params
+    the config, model the trained decoder's description, text the corpus the data was cut from);
+    this function writes ``train.json`` itself (checkpoints are saved as it trains), so it is
+    where the block is attached.
     """
     if config.device == "cuda" and not torch.cuda.is_available():
         raise SinklabError("--device cuda but no CUDA device is visible; use --device cpu")
@@ -291,6 +231,7 @@ def train(
     schedule = set(checkpoint_steps(config.steps, config.n_checkpoints))
     losses: list[tuple[int, float]] = []
     checkpoints: list[dict[str, Any]] = []
+    step_seconds = 0.0
 
     def checkpoint(step: int) -> None:
         model.eval()
@@ -314,6 +255,7 @@ def train(
             checkpoint(step)
         if step == config.steps:
             break
+        tic = time.perf_counter()
         rows = ranks.rows(config.batch_size)
         batch = {k: v[rows].to(config.device) for k, v in get_batch(step).items()}
         for group in opt.param_groups:
@@ -328,6 +270,7 @@ def train(
             total = loss.detach().clone()
             torch.distributed.all_reduce(total)
             value = total.item() / ranks.world
+        step_seconds += time.perf_counter() - tic
         losses.append((step + 1, value))
         if callback is not None:
             callback(step + 1, value)
@@ -336,33 +279,51 @@ def train(
         return TrainResult(config, losses, [], {}, {}, None)
     if config.task == "backcopy":
         val = backcopy_validation(model, data, config.eval_windows, config.seed, config.device)
-        sizes = {
-            "n_train_tokens": config.steps * config.batch_size * config.seq_len,
-            "n_sequences": config.steps * config.batch_size,
-            "corpus": "bigram-backcopy on the characters of the embedded plays",
-            "triggers": [data.table.token(t) for t in data.table.triggers],
-        }
     else:
         val = validation(model, data, config.eval_windows, config.device)
-        sizes = {
-            "n_train_tokens": data.n_train_tokens,
-            "n_sequences": int(data.ids.shape[0]),
-            "corpus": "shakespeare scenes"
-            if config.max_docs is None
-            else f"first {config.max_docs} scenes",
-        }
-    meta = build_meta(
-        params=config,
-        seconds=time.perf_counter() - t0,
-        n_params=sum(p.numel() for p in model.parameters()),
-        probe={"q0": 0, "eps": list(EPS), "key": 0, "n_tokens": int(probe_ids.numel())},
-        torch_threads=torch.get_num_threads(),
-        **sizes,
+    run = {
+        **data_facts(config, data),
+        "probe": {"q0": 0, "eps": list(EPS), "key": 0, "n_tokens": int(probe_ids.numel())},
+        "processes": ranks.world,
+        "torch_threads": torch.get_num_threads(),
+        "step_seconds": round(step_seconds, 3),
+    }
+    result = TrainResult(config, losses, checkpoints, val, {}, out, run)
+    final = checkpoints[-1].get("path")
+    info = describe(
+        model,
+        f"lab:{config.task}/{config.variant}/{config.data}/seed-{config.seed}",
+        final or "in memory (not saved)",
+        file_sha256(out / final / "model.safetensors") if out is not None and final else None,
     )
-    result = TrainResult(config, losses, checkpoints, val, meta, out)
+    attach_meta(result, info, corpus_text(), config, time.perf_counter() - t0)
     if out is not None:
         write_outputs(result, out)
     return result
+
+
+@functools.lru_cache(maxsize=1)
+def corpus_text() -> Text:
+    """The text every lab task is cut from (the embedded plays), for the provenance block."""
+    return load_text(None)
+
+
+def data_facts(config: TrainConfig, data: LabData | BackcopyData) -> dict[str, Any]:
+    """What a run trained on: ``corpus``, ``n_train_tokens``, ``n_sequences`` (and backcopy's
+    ``triggers``)."""
+    if isinstance(data, BackcopyData):
+        return {
+            "corpus": "bigram-backcopy on the characters of the embedded plays",
+            "n_train_tokens": config.steps * config.batch_size * config.seq_len,
+            "n_sequences": config.steps * config.batch_size,
+            "triggers": [data.table.token(t) for t in data.table.triggers],
+        }
+    scenes = "shakespeare scenes" if config.max_docs is None else f"first {config.max_docs} scenes"
+    return {
+        "corpus": scenes,
+        "n_train_tokens": data.n_train_tokens,
+        "n_sequences": int(data.ids.shape[0]),
+    }
 
 
 def write_outputs(result: TrainResult, out: Path) -> None:
@@ -374,3 +335,52 @@ def write_outputs(result: TrainResult, out: Path) -> None:
     write_json_atomic(out / "train.json", result.to_json())
     plot_loss(result.loss, out / "loss.png", title=title)
     plot_sink_emergence(result.checkpoints, out / "sinks.png", title=title)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m sinklab.lab.train``: one run with ``sinklab train``'s options, alone or as one
+    rank of ``torchrun --nproc-per-node N`` (the ranks from the environment, DDP over them, rank
+    0 writes ``--out`` and prints the summary). A bad option: one line, exit 2, on every rank,
+    before any rank waits for the others."""
+    import argparse
+
+    from sinklab.lab.presets import OPTION_FIELDS, config_from_options
+    from sinklab.lab.summary import train_sentences
+    from sinklab.outputs import check_out, output_dir
+
+    defaults = TrainConfig()
+    ap = argparse.ArgumentParser(
+        prog="python -m sinklab.lab.train",
+        description="Train one lab decoder (under torchrun: DDP over its processes; rank 0 "
+        "writes). The options of `sinklab train` for one run.",
+    )
+    ap.add_argument("--preset", default="cpu", help="cpu (minutes on 2 cores) or gpu")
+    for name in OPTION_FIELDS:
+        ap.add_argument("--" + name.replace("_", "-"), type=type(getattr(defaults, name)))
+    ap.add_argument("--out", "-o", type=Path, default=Path("lab-runs"), help="output folder")
+    args = ap.parse_args(argv)
+    rank = 0
+    try:
+        ranks = Ranks.from_env()
+        rank = ranks.rank
+        config = config_from_options(args.preset, **{n: getattr(args, n) for n in OPTION_FIELDS})
+        check_nproc(ranks.world, config.batch_size)
+        out = check_out(args.out, "train")  # every rank checks: none waits for a doomed rank 0
+        with process_group(ranks, config.device):
+            if rank != 0:
+                train(config, ranks=ranks)
+                return 0
+            with output_dir(out, "train") as folder:
+                result = train(config, folder, ranks=ranks)
+    except SinklabError as exc:
+        if rank == 0:
+            print(f"error: {exc}", file=sys.stderr)
+        return 2
+    for line in train_sentences(result):
+        print(line, file=sys.stderr)
+    print(f"wrote {out}/train.json", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":  # python -m sinklab.lab.train / torchrun ... -m sinklab.lab.train
+    sys.exit(main())

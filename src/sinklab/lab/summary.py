@@ -1,0 +1,31 @@
+"""The lab's summary sentences, the only ones: ``sinklab train`` and ``python -m sinklab.lab.train``
+print them. Each reads a finished run (:class:`~sinklab.lab.train.TrainResult`); a sweep's
+summary is its table (:meth:`sinklab.lab.sweep.SweepResult.table`)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from sinklab.lab.train import TrainResult
+
+
+def backcopy_sentence(bc: dict) -> str:
+    """The chosen head's backcopy numbers at a checkpoint (``row["backcopy"]``)."""
+    return (
+        f"backcopy, head {bc['head']}: first-token mass at non-trigger queries "
+        f"{bc['first_token_mass_nontrigger']:.3f}, previous-token mass at trigger queries "
+        f"{bc['prev_token_mass_trigger']:.3f}, output norm non-trigger/trigger "
+        f"{bc['output_norm_nontrigger']:.3f}/{bc['output_norm_trigger']:.3f}"
+    )
+
+
+def train_sentences(result: TrainResult) -> list[str]:
+    """The last checkpoint's sink rate (and backcopy numbers) and the validation perplexities."""
+    last, v = result.checkpoints[-1], result.val
+    out = [backcopy_sentence(last["backcopy"])] if "backcopy" in last else []
+    out.append(
+        f"sink rate {last['sink_rate']}; val PPL {v['ppl_with_first']:.2f} with the first "
+        f"token, {v['ppl_without_first']:.2f} without"
+    )
+    return out
