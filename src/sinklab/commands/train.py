@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from enum import StrEnum
 from pathlib import Path
 from typing import Annotated
@@ -120,14 +121,15 @@ def train(
     if nproc > 1 and sweep is not None:
         raise SinklabError("--nproc trains one run; drop --sweep or --nproc")
     out = check_out(out, "train")  # one run: built aside, replaces OUT whole when it finishes
-    with progress(fmt is OutputFormat.text) as prog:
+    tokens = {"unit": "tok", "scale": config.batch_size * config.seq_len}  # per step
+    with progress(fmt is OutputFormat.text) as bars:
         if sweep is not None:
-            tasks: dict[str, int] = {}
+            bar: dict[str, Callable[..., None]] = {}
 
             def cb(name: str, s: int, loss: float) -> None:
-                if name not in tasks:
-                    tasks[name] = prog.add_task(name, total=config.steps, status="")
-                prog.update(tasks[name], completed=s, status=f"loss {loss:.3f}")
+                if name not in bar:
+                    bar[name] = bars.callback(name, config.steps, **tokens)
+                bar[name](s, status=f"loss {loss:.3f}")
 
             # a sweep fills OUT in place: each finished run (OUT/<value>, written whole) is kept
             # through an interrupt and reused by the next identical sweep
@@ -142,15 +144,9 @@ def train(
             if nproc > 1:  # no per-step progress from the worker processes
                 run = train_distributed(config, folder, nproc)
             else:
-                bar = prog.add_task(
-                    f"{config.variant}/{config.data}", total=config.steps, status=""
-                )
+                one = bars.callback(f"{config.variant}/{config.data}", config.steps, **tokens)
                 run = run_train(
-                    config,
-                    folder,
-                    callback=lambda s, loss: prog.update(
-                        bar, completed=s, status=f"loss {loss:.3f}"
-                    ),
+                    config, folder, callback=lambda s, loss: one(s, status=f"loss {loss:.3f}")
                 )
     if fmt is OutputFormat.json:
         emit_json({"out": str(out), "val": run.val, "last": run.checkpoints[-1]})
