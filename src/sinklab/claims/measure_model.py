@@ -1,10 +1,10 @@
 """The claims measured on a model, one number per text window each (docs/claims.md, "The claims").
 
 Every function takes the model, the samples ``[(name, ids (T,))]`` and the config, calls the
-library (probe, streaming, ablate's sensitivity experiment, geometry, the density intervention)
-and returns ``{claim_id: Measurement}``. A sample that cannot give the effect (e.g. no sink head
-on that text) has effect ``None``; a protocol that cannot run on this model (e.g. no layers after
-the middle third) gives a Measurement with no samples and the reason.
+library (probe, streaming, ablate's sensitivity and density experiments, geometry) and returns
+``{claim_id: Measurement}``. A sample that cannot give the effect (e.g. no sink head on that text)
+has effect ``None``; a protocol that cannot run on this model (e.g. a stream too short for
+eviction) gives a Measurement with no samples and the reason.
 """
 
 from __future__ import annotations
