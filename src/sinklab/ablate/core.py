@@ -11,7 +11,6 @@ from typing import Any
 
 import torch
 
-from sinklab.arch import model_shape as model_shape  # re-exported (commands.ablate)
 from sinklab.errors import SinklabError
 from sinklab.first_token import FIRST_TOKEN_MODES
 from sinklab.meta import write_json_atomic

@@ -28,8 +28,8 @@ from sinklab.claims.measure_model import (
     measure_sensitivity,
     measure_stream,
 )
-from sinklab.claims.registry import CLAIM_IDS, CLAIMS, Claim
-from sinklab.claims.rules import MIN_SAMPLES, N_RESAMPLES, decide
+from sinklab.claims.registry import CLAIM_IDS, CLAIMS, Claim, judge
+from sinklab.claims.rules import MIN_SAMPLES, N_RESAMPLES
 from sinklab.errors import SinklabError
 
 log = logging.getLogger(__name__)
@@ -243,10 +243,9 @@ def run_claims(
         if claim.id not in wanted:
             continue
         m = measured[claim.id]
-        interval, v = decide(
+        interval, v = judge(
+            claim.id,
             m.effects(),
-            claim.direction,
-            claim.threshold,
             not_measured=m.not_measured or "no sample could be measured",
             seed=config.seed,
         )

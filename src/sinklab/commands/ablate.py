@@ -127,15 +127,16 @@ def ablate(
     dtype: DtypeOpt = "float32",
     device: DeviceOpt = "cpu",
 ) -> None:
-    """Test a seed's causal claim on a model: numbers in DIR/ablate.json, a figure beside it.
+    """Test a paper's causal claim on a model: numbers in DIR/ablate.json, a figure beside it
+    (the experiments and their rules: docs/experiments.md).
 
     Examples: sinklab ablate -e first-token --tokens 256;
     sinklab ablate -e density --lams 0,0.5,1 --out runs/density;
     sinklab ablate -e density --protocol temperature --temperatures 0.5,1,2 --layers 10-19
     """
     from sinklab.ablate import AblationConfig, check_experiment, get_experiment, run_experiment
-    from sinklab.ablate.core import model_shape
     from sinklab.ablate.inputs import experiment_ids
+    from sinklab.arch import model_shape
     from sinklab.corpus import load_text
     from sinklab.meta import attach_meta
     from sinklab.models import load_model

@@ -1,4 +1,4 @@
-"""``sinklab claims``: every seed claim measured on a model (and the lab), one verdict each."""
+"""``sinklab claims``: each claim of docs/claims.md measured on a model (or the lab), a verdict each."""
 
 from __future__ import annotations
 
@@ -68,7 +68,7 @@ def claims(
     dtype: DtypeOpt = "float32",
     device: DeviceOpt = "cpu",
 ) -> None:
-    """Test every seed claim with the rule of docs/claims.md: effect, 95 % interval, verdict.
+    """Test every claim of docs/claims.md by its one rule: effect, 95 % interval, verdict.
 
     Examples: sinklab claims; sinklab claims --texts shakespeare:lear,shakespeare:tempest,my.txt;
     sinklab claims --claims first-token-sinks,sink-cheaper --lab runs/ --out claims-out
@@ -135,7 +135,7 @@ def claims(
 
         def figure(folder: Path) -> list[Path]:
             path = folder / "claims_effects.png"
-            plot_claims(data["claims"], path, title=f"Seed claims: {name}")
+            plot_claims(data["claims"], path, title=f"Claims: {name}")
             return [path]
 
         write_results(out, COMMAND, {"claims.json": data}, figure)
@@ -153,7 +153,7 @@ def _print_table(data: dict) -> None:
 
     from sinklab.claims.table import COLUMNS, reasons, text_rows
 
-    table = Table(title="Seed claims (rule: docs/claims.md)", show_lines=False)
+    table = Table(title="Claims (rule: docs/claims.md)", show_lines=False)
     for col in COLUMNS:
         wide = col == "claim"
         table.add_column(
