@@ -14,6 +14,7 @@ import sys
 from dataclasses import dataclass
 from typing import Any
 
+import torch
 from torch import nn
 
 from sinklab.errors import SinklabError
@@ -159,3 +160,68 @@ def check_windows(kinds: list[LayerKind], cache_config: Any) -> None:
             f"{smallest} tokens, which would hide the sinks; use --window at most "
             f"{smallest - 1 - n_sink}"
         )
+
+
+# ----------------------------------------------------------------------- placement (dispatch)
+_OFFLOADED = ("cpu", "disk")  # accelerate keeps such weights off the main device
+
+
+def _as_device(where: Any) -> torch.device:
+    """An accelerate placement (an int GPU index, a string, a device) as a torch device."""
+    return torch.device("cuda", where) if isinstance(where, int) else torch.device(where)
+
+
+def mapped_device(device_map: dict[str, Any], name: str) -> torch.device:
+    """Where accelerate runs module ``name`` under ``device_map``: its entry (the longest key
+    that is ``name`` or a parent of it); an entry ``cpu`` or ``disk`` (weights offloaded) runs on
+    the map's main device (the first accelerator the map names, else the CPU), as
+    ``accelerate.dispatch_model`` does."""
+    keys = [k for k in device_map if k in ("", name) or name.startswith(k + ".")]
+    entry = device_map[max(keys, key=len)] if keys else "cpu"
+    if entry in _OFFLOADED:
+        accelerators = [v for v in device_map.values() if v not in _OFFLOADED]
+        return _as_device(accelerators[0]) if accelerators else torch.device("cpu")
+    return _as_device(entry)
+
+
+def _input_embeddings(model: nn.Module) -> nn.Module | None:
+    try:
+        embed = model.get_input_embeddings()  # type: ignore[operator]
+    except (AttributeError, NotImplementedError):
+        return None
+    return embed if isinstance(embed, nn.Module) else None
+
+
+def _hook_device(module: nn.Module | None) -> torch.device | None:
+    """The execution device of an accelerate hook on ``module`` (None: no such hook)."""
+    hook = getattr(module, "_hf_hook", None)
+    for h in [hook, *getattr(hook, "hooks", ())]:  # a SequentialHook holds several
+        if (where := getattr(h, "execution_device", None)) is not None:
+            return _as_device(where)
+    return None
+
+
+def input_device(model: nn.Module) -> torch.device:
+    """The device a model's inputs (token ids, positions, masks) are put on: where its input
+    embedding runs. A model dispatched by accelerate (``device_map``, offloading) keeps some
+    weights on ``meta``, so its first parameter says nothing: the embedding's (or the model's)
+    accelerate hook says, else ``hf_device_map``, else the embedding's first real weight, else
+    the model's first real parameter (the CPU if every weight is offloaded)."""
+    embed = _input_embeddings(model)
+    for mod in (embed, model):
+        if (dev := _hook_device(mod)) is not None:
+            return dev
+    device_map = getattr(model, "hf_device_map", None)
+    if isinstance(device_map, dict) and device_map:
+        name = next((n for n, m in model.named_modules() if m is embed), "")
+        return mapped_device(device_map, name)
+    params = [*(embed.parameters() if embed is not None else ()), *model.parameters()]
+    return next((p.device for p in params if p.device.type != "meta"), torch.device("cpu"))
+
+
+def compute_dtype(model: nn.Module) -> torch.dtype:
+    """The dtype of the model's activations: its input embedding's weights' (offloaded weights
+    keep their dtype on ``meta``), else its first floating-point parameter's."""
+    embed = _input_embeddings(model)
+    params = [*(embed.parameters() if embed is not None else ()), *model.parameters()]
+    return next((p.dtype for p in params if p.is_floating_point()), torch.float32)

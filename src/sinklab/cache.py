@@ -55,7 +55,7 @@ import torch
 from torch import Tensor
 from transformers.cache_utils import Cache, CacheLayerMixin, DynamicSlidingWindowLayer
 
-from sinklab.arch import check_windows, decoder_config, layer_kinds
+from sinklab.arch import check_windows, compute_dtype, decoder_config, input_device, layer_kinds
 from sinklab.cache_layer import SinkLayer, Step
 from sinklab.cache_plan import Plan, Row, check_positions, plan_chunk, plan_ring, ring_slots
 from sinklab.errors import SinklabError
@@ -106,8 +106,7 @@ class SinkCache(Cache):
         self.sinks = self.config.sinks
         self.recent = self.config.recent
         self._eager = getattr(text_cfg, "_attn_implementation", None) == "eager"
-        weight = next(model.parameters())
-        self._device, self._dtype = weight.device, weight.dtype
+        self._device, self._dtype = input_device(model), compute_dtype(model)
         super().__init__(layers=[self._layer(k) for k in kinds])
         self._reset_state()
 

@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 
+from sinklab.arch import input_device
 from sinklab.cache import CacheConfig, SinkCache
 from sinklab.errors import SinklabError
 from sinklab.generation import TextStream, eos_ids, next_token, read_chunked
@@ -103,7 +104,7 @@ class ChatSession:
 
     def _forward(self, tokens: list[int]) -> torch.Tensor:
         extra = self.cache.prepare(len(tokens))
-        x = torch.tensor([tokens], device=next(self.model.parameters()).device)
+        x = torch.tensor([tokens], device=input_device(self.model))
         out = self.model(x, cache=self.cache, logits_to_keep=1, **extra).logits[0, -1]
         self._watch(extra)
         return out

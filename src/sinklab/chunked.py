@@ -35,7 +35,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from sinklab.arch import attention_modules, decoder_config, layer_kinds
+from sinklab.arch import attention_modules, decoder_config, input_device, layer_kinds
 from sinklab.cache import CacheConfig, SinkCache
 from sinklab.errors import SinklabError
 from sinklab.rotary import Rope
@@ -278,7 +278,7 @@ def chunked_nll(
         )
     sinks, recent = cache.config.sinks, cache.config.recent
     state = BandState(cache.rope, len(kinds))
-    dev = next(model.parameters()).device
+    dev = input_device(model)
     ids = ids.reshape(-1)
     n = ids.numel() - 1
     nll = torch.empty(n, dtype=torch.float64) if out is None else out
@@ -298,7 +298,7 @@ def chunked_nll(
             pos = torch.arange(t0 - base, t1 - base, device=dev)[None]
             logits = model(ids[t0:t1][None].to(dev), position_ids=pos, use_cache=False).logits
             lg = logits[0].float()
-            target = ids[t0 + 1 : t1 + 1].to(dev)
+            target = ids[t0 + 1 : t1 + 1].to(lg.device)  # the LM head's device
             part = torch.logsumexp(lg, -1) - lg.gather(-1, target[:, None])[:, 0]
             nll[t0:t1] = part.double().cpu()
             total += float(part.double().sum())

@@ -18,6 +18,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from sinklab.arch import input_device
 from sinklab.cache import CacheConfig, SinkCache
 from sinklab.errors import SinklabError
 
@@ -31,7 +32,7 @@ def _rss_mb() -> float:
 
 
 def _device(model: Any) -> torch.device:
-    return next(model.parameters()).device
+    return input_device(model)
 
 
 @dataclass(frozen=True)

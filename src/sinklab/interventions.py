@@ -25,7 +25,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from sinklab.arch import model_shape
+from sinklab.arch import input_device, model_shape
 from sinklab.attention import sink_softmax, softmax
 from sinklab.errors import SinklabError
 from sinklab.first_token import (  # noqa: F401 (re-exported)
@@ -331,7 +331,7 @@ def jacobian_sensitivity(
     for name, pos in (("query_pos", query_pos), ("key_pos", key_pos)):
         if not pos or min(pos) < 0 or max(pos) > t_max:
             raise SinklabError(f"{name} must be non-empty positions in 0..{t_max}, got {pos}")
-    emb = model.get_input_embeddings()(ids).detach()  # (1, T, d)
+    emb = model.get_input_embeddings()(ids.to(input_device(model))).detach()  # (1, T, d)
     d = emb.shape[-1]
     gen = torch.Generator().manual_seed(seed)
     keys = torch.tensor(list(key_pos))
@@ -349,14 +349,14 @@ def jacobian_sensitivity(
             for s in range(0, n_vec, batch):
                 k = min(batch, n_vec - s)
                 if probes is None:  # rows s..s+k of the identity
-                    cot = torch.zeros(k, d, dtype=h.dtype)
+                    cot = torch.zeros(k, d, dtype=h.dtype, device=h.device)
                     cot[torch.arange(k), torch.arange(s, s + k)] = 1.0
                 else:
-                    cot = (torch.randint(0, 2, (k, d), generator=gen) * 2 - 1).to(h.dtype)
+                    cot = (torch.randint(0, 2, (k, d), generator=gen) * 2 - 1).to(h)
                 (g,) = torch.autograd.grad(
                     h, x, grad_outputs=cot, is_grads_batched=True, retain_graph=True
                 )  # (k, 1, n, d)
-                sq += g.double().pow(2).sum(dim=(0, 1, 3))
+                sq += g.double().pow(2).sum(dim=(0, 1, 3)).cpu()
             if probes is not None:
                 sq /= float(probes)
             valid = keys <= t

@@ -18,6 +18,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from sinklab.arch import input_device
 from sinklab.errors import SinklabError
 from sinklab.policy import kept_positions
 
@@ -27,7 +28,7 @@ _EVERY = 16
 
 def _nll_rows(logits: Tensor, targets: Tensor) -> Tensor:
     """logits (N, V), targets (N,) -> -log p (N,) float64 (float32 log-sum-exp, as the loops)."""
-    lg = logits.float()
+    lg, targets = logits.float(), targets.to(logits.device)  # the LM head's device
     return (torch.logsumexp(lg, -1) - lg.gather(-1, targets[:, None])[:, 0]).double().cpu()
 
 
@@ -56,7 +57,7 @@ def recompute_nll(
     """One forward per target ``t + 1`` (``t % every == 0``) over the tokens the sink cache keeps
     before ``t`` plus ``t``. -> (nll (T-1,) NaN where unscored, longest context, peak RSS MiB).
     ``out`` (T-1,) float64 is filled as it goes; ``callback`` every ``period`` targets."""
-    dev, n = next(model.parameters()).device, ids.numel() - 1
+    dev, n = input_device(model), ids.numel() - 1
     nll = _buffer(n, out)
     period = period or max(1, _EVERY // every)
     sample = rss or (lambda: 0.0)
@@ -65,7 +66,7 @@ def recompute_nll(
     for i, t in enumerate(targets):
         ctx = _context(t, n_sink, window)
         out = model(ids[ctx].view(1, -1).to(dev), use_cache=False, logits_to_keep=1)
-        nll[t] = _nll_rows(out.logits[0, -1:], ids[t + 1 : t + 2].to(dev))[0]
+        nll[t] = _nll_rows(out.logits[0, -1:], ids[t + 1 : t + 2])[0]
         total += float(nll[t])
         longest = max(longest, len(ctx))
         if (i + 1) % period == 0 or i + 1 == len(targets):
@@ -90,7 +91,7 @@ def recompute_nll_batched(
     """:func:`recompute_nll`'s result, ``batch`` targets' windows per forward."""
     if batch < 1:
         raise SinklabError(f"oracle batch must be a positive integer, got {batch}")
-    dev, n = next(model.parameters()).device, ids.numel() - 1
+    dev, n = input_device(model), ids.numel() - 1
     nll = _buffer(n, out)
     sample = rss or (lambda: 0.0)
     cap = n_sink + window
@@ -102,7 +103,7 @@ def recompute_nll_batched(
         end = early[-1] + 1
         logits = model(ids[:end].view(1, -1).to(dev), use_cache=False).logits[0]
         rows = torch.tensor(early)
-        nll[rows] = _nll_rows(logits[rows.to(dev)], ids[rows + 1].to(dev))
+        nll[rows] = _nll_rows(logits[rows.to(logits.device)], ids[rows + 1])
         total, done = float(nll[rows].sum()), len(early)
         peak = max(peak, sample())
         if callback is not None:
@@ -113,7 +114,7 @@ def recompute_nll_batched(
         recent = part[:, None] - window + torch.arange(window + 1)[None]  # (b, window + 1)
         ctx = torch.cat((sinks.expand(len(part), -1), recent), 1)  # (b, cap + 1)
         out = model(ids[ctx].to(dev), use_cache=False, logits_to_keep=1)
-        got = _nll_rows(out.logits[:, -1], ids[part + 1].to(dev))
+        got = _nll_rows(out.logits[:, -1], ids[part + 1])
         nll[part] = got
         total, done = total + float(got.sum()), done + len(part)
         peak = max(peak, sample())

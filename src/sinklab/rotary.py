@@ -84,8 +84,8 @@ class Rope:
 
     def shift(self, x: Tensor, delta: Tensor) -> Tensor:
         """``x`` (..., S, D) rotated by ``delta`` (S,) positions."""
-        cos, sin = self.cos_sin(delta.to(x.device), x.dtype, x.shape[-1])
-        return x * cos + self.rotate_half(x) * sin
+        cos, sin = self.cos_sin(delta.cpu(), x.dtype, x.shape[-1])  # inv_freq lives on the CPU
+        return x * cos.to(x.device) + self.rotate_half(x) * sin.to(x.device)
 
 
 def position_scheme(config: Any) -> str:

@@ -34,6 +34,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from sinklab.arch import input_device
 from sinklab.cache import POLICIES, CacheConfig, SinkCache
 from sinklab.chunked import DEFAULT_CHUNK, chunked_nll
 from sinklab.errors import SinklabError
@@ -174,7 +175,7 @@ def _target_nll(logits: Tensor, target: int) -> float:
 
 
 def _device(model: Any) -> torch.device:
-    return next(model.parameters()).device
+    return input_device(model)
 
 
 # ------------------------------------------------------------------------------ the loops

@@ -11,6 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from sinklab.arch import input_device
 from sinklab.errors import SinklabError
 
 
@@ -40,7 +41,7 @@ def perplexity(model: nn.Module, ids: Tensor, first_target: int = 2) -> Perplexi
     kw: dict[str, Any] = {"use_cache": False}
     if "logits_to_keep" in inspect.signature(model.forward).parameters:
         kw["logits_to_keep"] = t - first_target + 1  # logits of positions first_target-1 .. T-1
-    device = next(model.parameters()).device
+    device = input_device(model)
     with torch.no_grad():
         logits = model(ids.to(device), **kw).logits[0]  # (T' , V)
     logits = logits[-(t - first_target + 1) : -1].double()  # predict ids[first_target:]

@@ -31,6 +31,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from sinklab.arch import input_device
 from sinklab.lab.backcopy import BigramTable
 from sinklab.seam import AttentionChunk, AttentionHandler, sinklab_attention
 
@@ -151,7 +152,7 @@ def backcopy_summary(
 ) -> dict[str, Any]:
     """``checkpoints[i].backcopy``: the keys of the head with the largest non-trigger first-token
     mass (``head`` = [layer, head]), ``backcopy_loss`` and ``per_head`` (every key, L x H)."""
-    device = next(model.parameters()).device
+    device = input_device(model)
     ids, copied = ids.to(device), copied.to(device)
     trigger = table.is_trigger(ids)
     capture = BackcopyCapture(ids.cpu(), trigger.cpu(), table.vocab_size)

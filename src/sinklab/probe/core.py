@@ -15,7 +15,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from sinklab.arch import decoder_layers, model_shape
+from sinklab.arch import decoder_layers, input_device, model_shape
 from sinklab.errors import SinklabError
 from sinklab.probe.capture import HiddenCapture, ProbeCapture
 from sinklab.probe.geometry import Geometry, capture_geometry
@@ -157,7 +157,7 @@ def probe(
     )
     hidden = HiddenCapture(blocks or [], on_layer=tick)
     start = time.perf_counter()
-    device = next(model.parameters()).device
+    device = input_device(model)
     sites = capture_geometry(model) if blocks is not None else contextlib.nullcontext()
     with torch.no_grad(), sinklab_attention(model, capture), hidden, sites as geo:
         model(ids.to(device), **_forward_kwargs(model))
@@ -169,7 +169,10 @@ def probe(
             "transformers' AttentionInterface, so sinklab cannot capture it; use a model whose "
             "attention does (Llama, Mistral, Qwen2, Gemma, GPT-2, ...)"
         )
-    per_layer = [capture.layer_metrics(layer) for layer in range(n_layers)]
+    # each layer's metrics on the CPU: a dispatched model's layers live on different devices
+    per_layer = [
+        {k: v.cpu() for k, v in capture.layer_metrics(layer).items()} for layer in range(n_layers)
+    ]
     values: dict[str, Any] = {k: torch.stack([p[k] for p in per_layer]) for k in per_layer[0]}
     values |= {k: _layer_list(v, n_layers) for k, v in hidden.values.items()}
     for name in names("derived"):  # in declaration order: a derived metric may use an earlier one

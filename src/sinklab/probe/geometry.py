@@ -28,7 +28,7 @@ import torch
 from torch import Tensor, nn
 from torch.utils.hooks import RemovableHandle
 
-from sinklab.arch import block_attention, decoder_config, decoder_layers
+from sinklab.arch import block_attention, decoder_config, decoder_layers, input_device
 from sinklab.errors import SinklabError
 from sinklab.probe import metrics as M
 
@@ -225,7 +225,7 @@ def geometry(model: nn.Module, ids: Tensor, sites: tuple[str, ...] = SITES) -> G
     ids = ids if ids.dim() == 2 else ids[None]  # (B, T)
     if ids.shape[-1] < 3:
         raise SinklabError(f"geometry needs at least 3 tokens, got {ids.shape[-1]}")
-    device = next(model.parameters()).device
+    device = input_device(model)
     with torch.no_grad(), capture_geometry(model, sites) as geo:
         model(ids.to(device), use_cache=False)
     return geo

@@ -1,0 +1,294 @@
+"""A model dispatched by accelerate (issue 14 item 4) gives the undispatched model's numbers on
+every path that runs a model: stream (chunked and step, dense / window / sink, the recompute
+oracle), the sink-cache generate loop, chat, every ablation experiment, and the CLI.
+
+The device map puts the input embedding, the middle decoder layer and the LM head on disk: their
+weights are ``meta`` between forwards, so the first parameter's device says nothing and inputs
+must go where the embedding runs (:func:`sinklab.arch.input_device`). The layers on CPU and on
+disk are also two placements of the same device type, which is what a CPU machine can simulate of
+modules on different devices. The tiny model has ``max_position_embeddings`` 32, so a 45-token
+stream crosses the position bound and the sink cache and the chunked band re-rotate their keys.
+Same machine, same kernels: the numbers agree to float32 round-off (tolerances below)."""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+from typing import Any
+
+import pytest
+import torch
+
+from conftest import make_tiny_model
+from helpers import run_main
+from sinklab.ablate import EXPERIMENTS, AblationConfig, run_experiment
+from sinklab.arch import compute_dtype, input_device, mapped_device
+from sinklab.chat import ChatConfig, ChatSession
+from sinklab.generation import GenerateConfig, StreamBatch, generate
+from sinklab.models import load_model
+from sinklab.policy import CacheConfig
+from sinklab.streaming import StreamConfig, streaming_perplexity
+
+OFFLOAD = {
+    "model.embed_tokens": "disk",
+    "model.rotary_emb": "cpu",
+    "model.layers.0": "cpu",
+    "model.layers.1": "disk",
+    "model.layers.2": "cpu",
+    "model.norm": "cpu",
+    "lm_head": "disk",
+}
+#: the same float32 kernels on the same inputs: only summation order could differ
+ATOL = 1e-5
+TEMPLATE = (
+    "{% for m in messages %}<s> {{ m['role'] }} {{ m['content'] }} </s> {% endfor %}"
+    "{% if add_generation_prompt %}<s> assistant {% endif %}"
+)
+POLICIES = ("dense", "window", "sink", "recompute")
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory, tiny_tokenizer):
+    """3 layers, weights large enough that attention is not uniform (positions matter), and a
+    position bound of 32 that the streams below cross."""
+    path = tmp_path_factory.mktemp("tiny-dispatch")
+    model = make_tiny_model("llama", seed=3, n_layers=3, initializer_range=0.2)
+    model.config.max_position_embeddings = 32
+    model.save_pretrained(path)
+    tok = copy.deepcopy(tiny_tokenizer)
+    tok.chat_template = TEMPLATE
+    tok.save_pretrained(path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def pair(folder, tmp_path_factory):
+    """(plain, dispatched) LoadedModel of the same folder."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("SINKLAB_CACHE", str(tmp_path_factory.mktemp("cache")))  # the offload folder
+        plain, spread = load_model(str(folder)), load_model(str(folder), device=OFFLOAD)
+    return plain, spread
+
+
+def _ids(n: int, seed: int = 0) -> torch.Tensor:
+    return torch.randint(4, 500, (n,), generator=torch.Generator().manual_seed(seed))
+
+
+def test_the_map_offloads_the_embedding(pair):
+    """What makes the old read wrong: the first parameter is on meta; the inputs' device is the
+    embedding's execution device."""
+    plain, spread = pair
+    model = spread.model
+    assert model.hf_device_map == OFFLOAD
+    assert model.get_input_embeddings().weight.device.type == "meta"
+    assert next(model.parameters()).device.type == "meta"
+    assert all(p.device.type == "meta" for p in model.model.layers[1].parameters())
+    assert all(p.device.type == "cpu" for p in model.model.layers[2].parameters())
+    assert input_device(model) == input_device(plain.model) == torch.device("cpu")
+    assert compute_dtype(model) == torch.float32
+    assert spread.info.dtype == "float32" and spread.info.n_params == plain.info.n_params
+
+
+def test_input_device_of_a_fully_offloaded_model(folder, pair):
+    """accelerate's own ``cpu_offload``: hooks, no ``hf_device_map``, every weight on meta."""
+    from accelerate import cpu_offload
+
+    model = load_model(str(folder)).model
+    cpu_offload(model, execution_device="cpu")
+    assert all(p.device.type == "meta" for p in model.parameters())
+    assert input_device(model) == torch.device("cpu")
+    ids = _ids(12)
+    with torch.no_grad():
+        want = pair[0].model(ids[None])
+        got = model(ids[None].to(input_device(model)))
+    torch.testing.assert_close(got.logits, want.logits, atol=ATOL, rtol=0)
+
+
+@pytest.mark.parametrize(
+    ("device_map", "name", "want"),
+    [
+        (
+            {"model.embed_tokens": 1, "model.layers": 0, "lm_head": "cpu"},
+            "model.embed_tokens",
+            "cuda:1",
+        ),
+        ({"model.embed_tokens": "disk", "model.layers": 0}, "model.embed_tokens", "cuda:0"),
+        ({"model.embed_tokens": "cpu", "lm_head": "disk"}, "model.embed_tokens", "cpu"),
+        ({"model": "cuda:2", "lm_head": "cpu"}, "model.embed_tokens", "cuda:2"),
+        ({"": "disk"}, "model.embed_tokens", "cpu"),
+        ({"transformer.wte": "mps", "transformer.h": "cpu"}, "transformer.wte", "mps"),
+        ({"model.embed": 0, "model.embed_tokens": 1}, "model.embed_tokens", "cuda:1"),
+    ],
+)
+def test_mapped_device_is_accelerates_execution_device(device_map, name, want):
+    """An offloaded entry ('cpu', 'disk') runs on the map's main device (the first accelerator
+    it names, else the CPU); an int is a CUDA index; the longest matching key wins, by module
+    boundary (``model.embed`` is not a parent of ``model.embed_tokens``)."""
+    assert mapped_device(device_map, name) == torch.device(want)
+
+
+@pytest.mark.parametrize("method", ["chunked", "step"])
+def test_stream_gives_the_same_numbers(pair, method):
+    plain, spread = pair
+    ids = _ids(45)  # the sink cache rebases at position 32
+    cfg = StreamConfig(
+        policies=POLICIES, n_sink=2, window=8, n_tokens=45, method=method, chunk=8, segment=20
+    )
+    a, b = streaming_perplexity(plain.model, ids, cfg), streaming_perplexity(spread.model, ids, cfg)
+    for policy in POLICIES:
+        want, got = a.policies[policy], b.policies[policy]
+        assert got.n_scored == want.n_scored == 44
+        torch.testing.assert_close(
+            torch.tensor(got.nll), torch.tensor(want.nll), atol=ATOL, rtol=0, msg=policy
+        )
+        assert got.max_cache_len == want.max_cache_len
+    # the streams are not trivially equal: positions matter, so the policies differ
+    assert len({round(a.policies[p].ppl, 3) for p in POLICIES}) == len(POLICIES)
+
+
+def test_generate_greedy_tokens_identical(pair):
+    plain, spread = pair
+    cfg = GenerateConfig(max_new_tokens=40, n_sink=2, window=8, stop_at_eos=False)
+    prompt = _ids(12, seed=1)
+    a = generate(plain.model, plain.tokenizer, prompt, cfg)
+    b = generate(spread.model, spread.tokenizer, prompt, cfg)
+    assert len(a.new_tokens) == 40 and b.new_tokens == a.new_tokens
+    assert a.max_position < 32 and b.max_position == a.max_position  # rebased: 52 tokens read
+    assert len(set(a.new_tokens)) > 3  # not one token repeated
+
+
+def test_stream_batch_rows_identical(pair):
+    feeds = [{0: _ids(9, 2).tolist(), 1: _ids(5, 3).tolist()}, {0: _ids(3, 4).tolist()}]
+    outs = []
+    for loaded in pair:
+        batch = StreamBatch(loaded.model, CacheConfig("sink", 2, 8))
+        batch.add(), batch.add()
+        outs.append([batch.feed(f) for f in feeds])
+    for want, got in zip(*outs, strict=True):
+        assert want.keys() == got.keys()
+        for s in want:
+            torch.testing.assert_close(got[s], want[s], atol=ATOL, rtol=0)
+
+
+def test_chat_replies_identical(pair):
+    turns = ["To be or not to be", "that is the question whether tis nobler in the mind"]
+    replies = []
+    for loaded in pair:
+        session = ChatSession(loaded.model, loaded.tokenizer, ChatConfig(2, 12, max_new_tokens=6))
+        replies.append([session.turn(t).reply for t in turns])
+    assert replies[1] == replies[0] and all(replies[0])
+
+
+def _numbers(data: Any, path: str = "") -> dict[str, float]:
+    """Every number of a JSON result, by its path (timings and memory left out)."""
+    if isinstance(data, dict):
+        out: dict[str, float] = {}
+        for k, v in data.items():
+            if k != "meta" and not any(w in k for w in ("seconds", "_per_s", "rss")):
+                out |= _numbers(v, f"{path}.{k}")
+        return out
+    if isinstance(data, list):
+        return {k: v for i, x in enumerate(data) for k, v in _numbers(x, f"{path}[{i}]").items()}
+    if isinstance(data, bool) or not isinstance(data, int | float):
+        return {}
+    return {path: float(data)}
+
+
+def _assert_same_numbers(got: dict[str, float], want: dict[str, float], tol: float) -> None:
+    assert got.keys() == want.keys()
+    bad = {
+        k: (got[k], want[k])
+        for k in want
+        if not (math.isnan(want[k]) and math.isnan(got[k]))
+        and not abs(got[k] - want[k]) <= tol * max(1.0, abs(want[k]))
+    }
+    assert not bad, bad
+
+
+@pytest.mark.parametrize("name", EXPERIMENTS)
+def test_every_ablation_gives_the_same_numbers(pair, tiny_tokenizer, name):
+    """first-token, mask-sink (perplexity, token similarity), density, sensitivity (Jacobian
+    through the offloaded layer) and geometry (three sites, per layer)."""
+    ids = torch.stack([_ids(24, 5), _ids(24, 6)])
+    config = AblationConfig(grid=3, probes=0, lams=(0.0, 1.0))
+    a, b = (run_experiment(name, m.model, m.tokenizer, ids, config).to_json() for m in pair)
+    want, got = _numbers(a), _numbers(b)
+    assert len(want) > 10
+    _assert_same_numbers(got, want, ATOL)
+    assert b["finding"] == a["finding"]
+
+
+def _cli_numbers(tmp_path, capsys, monkeypatch, command: list[str], result: str):
+    """Run ``command`` twice through the CLI: ``--device cpu``, then ``--device auto`` with
+    accelerate's map replaced by OFFLOAD (a CPU machine's ``auto`` puts every weight on the
+    CPU: no dispatch at all). -> the numbers of each run's ``result`` file."""
+    import sinklab.models as models
+
+    monkeypatch.setenv("SINKLAB_CACHE", str(tmp_path / "cache"))
+    real = models.device_map_for
+    spread: list[Any] = []
+
+    def fake(device):  # only what `auto` resolves to is replaced; the load is the real one
+        return OFFLOAD if device == "auto" else real(device)
+
+    load = models.load_model
+
+    def spy(*args, **kwargs):
+        loaded = load(*args, **kwargs)
+        spread.append(getattr(loaded.model, "hf_device_map", None))
+        return loaded
+
+    monkeypatch.setattr(models, "device_map_for", fake)
+    monkeypatch.setattr(models, "load_model", spy)
+    out = []
+    for device in ("cpu", "auto"):
+        folder = tmp_path / device
+        code, _, err = run_main(capsys, *command, "--device", device, "--out", str(folder))
+        assert code == 0, err
+        out.append(json.loads((folder / result).read_text()))
+    assert spread == [None, OFFLOAD]
+    return out
+
+
+def test_cli_stream_and_ablate_dispatched(folder, tmp_path, capsys, monkeypatch):
+    base = ["--model", str(folder), "--tokens", "48"]
+    stream = ["stream", *base, "--n-sink", "2", "--window", "8", "--recompute-every", "4"]
+    stream += ["--policy", "window,sink,recompute"]  # 48 tokens: past the 32 positions
+    a, b = _cli_numbers(tmp_path / "s", capsys, monkeypatch, stream, "stream.json")
+    assert set(a["policies"]) == {"window", "sink", "recompute"}
+    _assert_same_numbers(_numbers(b["policies"]), _numbers(a["policies"]), ATOL)
+    ablate = ["ablate", "-e", "mask-sink", "--model", str(folder), "--tokens", "24"]
+    a, b = _cli_numbers(tmp_path / "a", capsys, monkeypatch, ablate, "ablate.json")
+    _assert_same_numbers(_numbers(b["conditions"]), _numbers(a["conditions"]), ATOL)
+
+
+def test_cli_report_dispatched(folder, tmp_path, capsys, monkeypatch):
+    sizes = ["probe_tokens=24", "probe_lengths=12,24", "q0=2", "stream_tokens=40", "window=8"]
+    sizes += ["recompute_every=8", "ablate_tokens=24", "sensitivity_grid=3"]
+    command = ["report", "--quick", "--model", str(folder), "--stages", "probe,stream,mask-sink"]
+    command += [arg for kv in sizes for arg in ("--set", kv)]
+    a, b = _cli_numbers(tmp_path, capsys, monkeypatch, command, "results.json")
+    assert list(a["stages"]) == ["probe", "stream", "mask-sink"]
+    assert all(s["status"] == "ok" for s in b["stages"].values()), b["stages"]
+    want, got = _numbers(a["stages"]), _numbers(b["stages"])
+    assert len(want) > 50
+    _assert_same_numbers(got, want, ATOL)
+
+
+def test_cli_device_auto_on_cpu_is_the_plain_model(folder, tmp_path, capsys, monkeypatch):
+    """Unpatched ``--device auto`` on a machine without GPU: accelerate keeps everything on the
+    CPU, and the numbers are the plain ones."""
+    monkeypatch.setenv("SINKLAB_CACHE", str(tmp_path / "cache"))
+    runs = []
+    for device in ("cpu", "auto"):
+        out = tmp_path / device
+        args = ["probe", "--model", str(folder), "--tokens", "24", "--out", str(out)]
+        code, _, err = run_main(capsys, *args, "--device", device)
+        assert code == 0, err
+        runs.append(json.loads((out / "probe.json").read_text()))
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is visible: --device auto puts the model there (not this check)")
+    got, want = _numbers(runs[1]), _numbers(runs[0])
+    assert len(want) > 50 and runs[1]["meta"]["model"] == runs[0]["meta"]["model"]
+    _assert_same_numbers(got, want, ATOL)
