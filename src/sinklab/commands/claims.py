@@ -1,4 +1,4 @@
-"""``sinklab claims``: each claim of docs/claims.md measured on a model (or the lab), a verdict each."""
+"""``sinklab claims``: each claim of docs/claims.md measured on a model (or the lab), verdicts."""
 
 from __future__ import annotations
 
