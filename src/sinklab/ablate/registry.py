@@ -42,6 +42,9 @@ class Experiment:
     caption: str  # the report's figure caption
     help: str  # one line for `sinklab ablate --help`
     texts: bool = False  # reads several texts (rows of ids) instead of the first
+    # the options only this experiment (and others that list them) reads; passing one of these
+    # to an experiment that does not list it is refused (``sinklab ablate`` and docs)
+    options: tuple[str, ...] = ()
 
     def draw(self, data: dict[str, Any], path: Path) -> Any:
         """Draw the figure to ``path`` (PNG, plotted numbers beside it)."""
@@ -81,6 +84,7 @@ RECORDS: tuple[Experiment, ...] = (
         "plot_mask_sink",
         "Perplexity per masking condition (log), and token similarity per layer.",
         "perplexity and token similarity with attention to the sink masked",
+        options=("positions", "layers", "heads"),
     ),
     Experiment(
         "density",
@@ -94,6 +98,7 @@ RECORDS: tuple[Experiment, ...] = (
         "Token similarity after the modified layers against the density parameter, at the "
         "attention input and the residual stream; perplexity; per-layer similarity per condition.",
         "token similarity after layers whose attention is made denser (--protocol)",
+        options=("protocol", "lams", "temperatures", "layers", "heads"),
     ),
     Experiment(
         "sensitivity",
@@ -105,6 +110,7 @@ RECORDS: tuple[Experiment, ...] = (
         "plot_sensitivity",
         "Jacobian norm matrices with and without the sink, and the mean by distance t - i.",
         "Jacobian norms with and without the sink masked",
+        options=("grid", "probes", "positions", "layers", "heads"),
     ),
     Experiment(
         "geometry",
@@ -119,6 +125,7 @@ RECORDS: tuple[Experiment, ...] = (
         "attention input, keys), mean over texts; head kinds per layer.",
         "first-token cosine at the residual, attention input and keys, over several texts",
         texts=True,
+        options=("texts",),
     ),
 )
 

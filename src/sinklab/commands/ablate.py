@@ -30,22 +30,16 @@ from sinklab.commands.common import (
 )
 from sinklab.errors import SinklabError
 
-# options that only some experiments read: passing one to another experiment is refused
-APPLIES = {
-    "lams": ("density",),
-    "protocol": ("density",),
-    "temperatures": ("density",),
-    "grid": ("sensitivity",),
-    "probes": ("sensitivity",),
-    "texts": ("geometry",),
-    "positions": ("mask-sink", "sensitivity"),
-    "layers": ("mask-sink", "density", "sensitivity"),
-    "heads": ("mask-sink", "density", "sensitivity"),
-}
-
 
 def _refuse_inapplicable(ctx: typer.Context, experiment: str) -> None:
-    for name, experiments in APPLIES.items():
+    """An option that only other experiments read (their records' ``options``) is refused."""
+    from sinklab.ablate.registry import RECORDS
+
+    readers: dict[str, list[str]] = {}
+    for record in RECORDS:
+        for option in record.options:
+            readers.setdefault(option, []).append(record.name)
+    for name, experiments in readers.items():
         if given(ctx, name) and experiment not in experiments:
             raise SinklabError(
                 f"--{name} has no effect on -e {experiment} (only on "
