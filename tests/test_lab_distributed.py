@@ -110,6 +110,10 @@ def test_module_entry_bad_option_or_environment_is_one_line(tmp_path, capsys, mo
     assert main(["--variant", "relu2", "--out", str(tmp_path / "x")]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("error: unknown variant") and "\n" not in err
+    with pytest.raises(SystemExit) as stop:
+        main(["--steps", "x"])
+    err = capsys.readouterr().err.strip()
+    assert stop.value.code == 2 and err.startswith("error: argument --steps") and "\n" not in err
     monkeypatch.setenv("WORLD_SIZE", "3")
     monkeypatch.setenv("RANK", "0")
     assert main(["--task", "backcopy", "--out", str(tmp_path / "x")]) == 2  # no MASTER_ADDR

@@ -21,6 +21,7 @@ import functools
 import json
 import logging
 import math
+import os
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -348,11 +349,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     from sinklab.lab.summary import train_sentences
     from sinklab.outputs import check_out, output_dir
 
+    class Parser(argparse.ArgumentParser):
+        def error(self, message: str) -> None:  # one line (rank 0's), not the usage block
+            if os.environ.get("RANK", "0") == "0":
+                print(f"error: {message} (see --help)", file=sys.stderr)
+            sys.exit(2)
+
     defaults = TrainConfig()
-    ap = argparse.ArgumentParser(
+    ap = Parser(
         prog="python -m sinklab.lab.train",
         description="Train one lab decoder (under torchrun: DDP over its processes; rank 0 "
-        "writes). The options of `sinklab train` for one run.",
+        "writes). The options of `sinklab train` for one run (see `sinklab train --help`).",
     )
     ap.add_argument("--preset", default="cpu", help="cpu (minutes on 2 cores) or gpu")
     for name in OPTION_FIELDS:
