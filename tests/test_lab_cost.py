@@ -64,3 +64,23 @@ def test_bad_cost_config():
         CostConfig(tasks=("ring",))
     with pytest.raises(SinklabError, match="shared"):
         CostConfig(shared=-1.0)
+
+
+def test_summary_lines_state_each_fit_and_what_was_not_realised():
+    from sinklab.lab.cost import CostConfig, CostResult
+
+    fit = {"exponent": 0.512, "r2": 0.9987}
+    rows = [
+        {"task": "sink", "T": 16, "realised": True},
+        {"task": "diagonal", "T": 32, "realised": False},
+    ]
+    result = CostResult(
+        CostConfig(), rows, {"sink": {"fro_total": fit, "nuc_total": fit}, "diagonal": {}}
+    )
+    assert result.summary_lines() == [
+        "sink: Frobenius ~ T^0.51 (R2 1.00), nuclear ~ T^0.51 (R2 1.00)",
+        "diagonal: no exponent (fewer than 2 lengths, or a zero norm)",
+        "not realised at: diagonal@32",
+    ]
+    rows[1]["realised"] = True
+    assert result.summary_lines()[-1] == "realised at every T"

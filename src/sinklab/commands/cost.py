@@ -85,16 +85,9 @@ def cost(
     if fmt is OutputFormat.json:
         emit_json(result.to_json())
         return
-    for name, fits in result.fits.items():
-        f, n = fits.get("fro_total"), fits.get("nuc_total")
-        stderr.print(
-            f"{name}: Frobenius ~ T^{f['exponent']:.2f} (R2 {f['r2']:.2f}), "
-            f"nuclear ~ T^{n['exponent']:.2f} (R2 {n['r2']:.2f})"
-        )
-    bad = [f"{r['task']}@{r['T']}" for r in result.rows if not r["realised"]]
-    stderr.print(
-        f"realised at every T: {not bad} {bad or ''}; wrote {out}/cost.json, cost_loglog.png"
-    )
+    for line in result.summary_lines():
+        stderr.print(line, highlight=False)
+    stderr.print(f"wrote {out}/cost.json, cost_loglog.png")
 
 
 def register(app: typer.Typer) -> None:

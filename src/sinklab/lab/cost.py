@@ -218,6 +218,23 @@ class CostResult:
             "meta": self.meta,
         }
 
+    def summary_lines(self) -> list[str]:
+        """The run in words: each pattern's fitted exponents, and where a pattern was not
+        realised at the accuracy asked."""
+        lines = []
+        for name, fits in self.fits.items():
+            f, n = fits.get("fro_total"), fits.get("nuc_total")
+            if f is None or n is None:
+                lines.append(f"{name}: no exponent (fewer than 2 lengths, or a zero norm)")
+                continue
+            lines.append(
+                f"{name}: Frobenius ~ T^{f['exponent']:.2f} (R2 {f['r2']:.2f}), "
+                f"nuclear ~ T^{n['exponent']:.2f} (R2 {n['r2']:.2f})"
+            )
+        bad = [f"{r['task']}@{r['T']}" for r in self.rows if not r["realised"]]
+        lines.append("realised at every T" if not bad else f"not realised at: {', '.join(bad)}")
+        return lines
+
 
 NORM_KEYS = ("fro_qk", "nuc_qk", "fro_vo", "nuc_vo", "fro_total", "nuc_total")
 
