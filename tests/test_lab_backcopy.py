@@ -21,9 +21,10 @@ from sinklab.lab.backcopy import (
     sample,
 )
 from sinklab.lab.backcopy_metrics import HEAD_KEYS, backcopy_summary
+from sinklab.lab.config import TrainConfig
 from sinklab.lab.data import BOS_ID
 from sinklab.lab.model import LabConfig, LabForCausalLM, apply_rope, rope_cos_sin
-from sinklab.lab.train import TrainConfig, train
+from sinklab.lab.train import train
 
 
 @pytest.fixture(scope="module")

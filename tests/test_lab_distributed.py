@@ -12,10 +12,11 @@ from pathlib import Path
 import pytest
 
 from sinklab.errors import SinklabError
+from sinklab.lab.config import TrainConfig
 from sinklab.lab.distributed import train_distributed
 from sinklab.lab.presets import config_from_options
 from sinklab.lab.ranks import Ranks, check_nproc
-from sinklab.lab.train import TrainConfig, TrainResult, load_result, main, train
+from sinklab.lab.train import TrainResult, load_result, main, train
 from sinklab.outputs import MARKER
 
 TINY = dict(

@@ -9,9 +9,10 @@ import pytest
 import torch
 
 from sinklab.errors import SinklabError
+from sinklab.lab.config import TrainConfig
 from sinklab.lab.data import DATA_STRATEGIES, DataConfig, LabData
 from sinklab.lab.model import LAB_VARIANTS
-from sinklab.lab.train import TrainConfig, build_model, checkpoint_steps, probe_summary, train
+from sinklab.lab.train import build_model, checkpoint_steps, probe_summary, train
 from sinklab.meta import META_KEYS
 from sinklab.models import file_sha256
 from sinklab.probe import ProbeConfig, probe
