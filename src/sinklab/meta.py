@@ -72,33 +72,6 @@ def _texts(text: Text | Sequence[Text] | None) -> Any:
     return text.to_json()
 
 
-def build_meta(
-    *,
-    model: ModelInfo | None = None,
-    text: Text | None = None,
-    n_tokens: int | None = None,
-    params: Any = None,
-    seconds: float | None = None,
-    **extra: Any,
-) -> dict[str, Any]:
-    """Assemble ``meta``: model (id/path + weights hash), text (name, sha256), every parameter."""
-    meta: dict[str, Any] = {}
-    if model is not None:
-        meta["model"] = model.to_json()
-    if text is not None:
-        meta["text"] = text.to_json()
-    if n_tokens is not None:
-        meta["n_tokens"] = int(n_tokens)
-    if params is not None:
-        meta["params"] = asdict(params) if is_dataclass(params) else dict(params)
-    meta["versions"] = versions()
-    meta["machine"] = {"nproc": os.cpu_count(), "platform": platform.platform()}
-    if seconds is not None:
-        meta["seconds"] = round(float(seconds), 3)
-    meta.update(extra)
-    return meta
-
-
 def write_json_atomic(path: Path, data: Any) -> Path:
     """Write JSON via a temporary file and rename, so a crash never leaves half a file.
 
