@@ -26,7 +26,7 @@ OFFLOAD = {
 #: bfloat16 keeps 8 bits of mantissa: attention masses of the tiny model move by at most this
 BF16_MASS_TOL = 0.02
 #: largest per-target |NLL - NLL(float32)| in nats of a 32-token stream of the tiny model
-#: (measured: bfloat16 0.067, float16 0.010), and of its perplexity, relative
+#: (measured: bfloat16 0.049, float16 0.0056 nats), and of its perplexity, relative (0.28 %, 0.03 %)
 STREAM_NLL_TOL = {"bfloat16": 0.15, "float16": 0.03}
 STREAM_PPL_TOL = {"bfloat16": 0.01, "float16": 0.002}
 
@@ -80,7 +80,10 @@ def float32_streams() -> dict:
 def test_stream_in_half_precision_within_tolerance(positional_dir, float32_streams, dtype, method):
     """Every policy (the sink cache's key re-rotation, the band, the oracle) runs in the model's
     dtype and stays within the stated tolerance of float32."""
-    policies = ("dense", "window", "sink", "recompute")
+    # step: the two policies with their own step loops (bf16 steps are slow on a CPU)
+    policies = (
+        ("sink", "recompute") if method == "step" else ("dense", "window", "sink", "recompute")
+    )
     ids = _ids()[:32]
     cfg = StreamConfig(policies=policies, n_sink=2, window=8, n_tokens=32, method=method, chunk=8)
     if method not in float32_streams:
