@@ -8,7 +8,9 @@ must go where the embedding runs (:func:`sinklab.arch.input_device`). The layers
 disk are also two placements of the same device type, which is what a CPU machine can simulate of
 modules on different devices. The tiny model has ``max_position_embeddings`` 32, so a 45-token
 stream crosses the position bound and the sink cache and the chunked band re-rotate their keys.
-Same machine, same kernels: the numbers agree to float32 round-off (tolerances below)."""
+Same machine, same kernels: the numbers agree to float32 round-off (tolerances below). At the
+end, the sink cache and the chunked band with one layer's tensors on ``meta`` beside a CPU layer
+(the second device a CPU machine has): what each layer creates follows its own keys' device."""
 
 from __future__ import annotations
 
@@ -292,3 +294,68 @@ def test_cli_device_auto_on_cpu_is_the_plain_model(folder, tmp_path, capsys, mon
     got, want = _numbers(runs[1]), _numbers(runs[0])
     assert len(want) > 50 and runs[1]["meta"]["model"] == runs[0]["meta"]["model"]
     _assert_same_numbers(got, want, ATOL)
+
+
+# ------------------------------------------------------------ layers on two devices at once
+# A CPU machine has one real device; ``meta`` stands in for the second (shapes and devices, no
+# data): whatever a layer's keys re-rotation, band or mask creates must follow that layer's own
+# tensors, or mixing a CPU tensor into a meta layer raises, as mixing cuda:0 into cuda:1 would.
+
+
+def _kv(g: torch.Generator, q: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
+    return torch.randn(1, 2, q, 8, generator=g), torch.randn(1, 2, q, 8, generator=g)
+
+
+def test_sink_cache_layers_on_two_devices():
+    """Layer 0's keys on the CPU, layer 1's on meta, through evictions and two rebases (the
+    rebase re-rotates every layer's kept keys): layer 0 gives the all-CPU cache's keys exactly,
+    layer 1 stays on its device with the same shapes."""
+    from sinklab.cache import SinkCache
+
+    model = make_tiny_model("llama", n_layers=2, initializer_range=0.2)
+    ref, mixed = (SinkCache(model, CacheConfig("sink", 2, 4), max_position=12) for _ in "ab")
+    g = torch.Generator().manual_seed(0)
+    for _ in range(30):
+        kv = [_kv(g), _kv(g)]
+        for cache, dev in ((ref, "cpu"), (mixed, "meta")):
+            cache.prepare(1)
+            outs = [cache.update(*kv[0], 0)]
+            outs.append(cache.update(*(t.to(dev) for t in kv[1]), 1))
+            if cache is ref:
+                want = outs
+        torch.testing.assert_close(outs[0], want[0], atol=0, rtol=0)
+        assert outs[1][0].device.type == "meta" and outs[1][0].shape == want[1][0].shape
+    assert ref.rows[0].base > 12 and mixed.rows[0].base == ref.rows[0].base  # rebased 3+ times
+    assert mixed.kept_length() == ref.kept_length() == 6
+
+
+def test_chunked_band_layers_on_two_devices():
+    """The chunked band (sinks detached, so queries are rotated back; a rebase of the kept
+    keys): a meta layer beside a CPU layer works, and the CPU layer's output is the one it
+    gives alone."""
+    from sinklab.chunked import BandState, plan_chunk
+    from sinklab.rotary import rope_of
+
+    model = make_tiny_model("llama", n_layers=2, initializer_range=0.2)
+    rope = rope_of(model)
+    alone, mixed = BandState(rope, 2), BandState(rope, 2)
+    g = torch.Generator().manual_seed(1)
+    p0, base = 0, 0
+    for t0 in range(0, 40, 4):
+        if t0 == 24:
+            for state in (alone, mixed):
+                state.rebase(10)
+            base += 10
+        plan = plan_chunk(t0, t0 + 4, p0, (0, 1), 6, base)
+        q = torch.randn(1, 4, 4, 8, generator=g)
+        k, v = _kv(g, 4)
+        alone.plan = mixed.plan = plan
+        want = alone.attend(0, q, k, v, 0.35, None)
+        got = mixed.attend(0, q, k, v, 0.35, None)
+        far = mixed.attend(1, *(t.to("meta") for t in (q, k, v)), 0.35, None)
+        torch.testing.assert_close(got, want, atol=0, rtol=0)
+        assert far.device.type == "meta" and far.shape == want.shape
+        if t0 >= 12:  # the window has left the sinks: queries are rotated back to score them
+            assert plan.sink_mask is not None and bool(plan.sink_mask.any())
+        p0 = plan.p0_next
+    assert mixed.k[1] is not None and mixed.k[1].device.type == "meta"
