@@ -296,6 +296,45 @@ def test_cli_device_auto_on_cpu_is_the_plain_model(folder, tmp_path, capsys, mon
     _assert_same_numbers(got, want, ATOL)
 
 
+def _table(rows: list[list[float | None]]) -> torch.Tensor:
+    """An L x H table of the read-out (None: no query qualified) as float64, NaN for None."""
+    return torch.tensor([[math.nan if x is None else x for x in r] for r in rows])
+
+
+def test_lab_backcopy_metrics_of_a_dispatched_lab_model(tmp_path):
+    """The lab's backcopy read-out (one forward through the seam) on a lab decoder dispatched by
+    accelerate itself (embedding and a layer on disk) equals the undispatched read-out."""
+    from accelerate import dispatch_model
+
+    from sinklab.lab.backcopy import bigram_table, sample
+    from sinklab.lab.backcopy_metrics import HEAD_KEYS, backcopy_summary
+    from sinklab.lab.model import LabConfig, LabForCausalLM
+
+    table = bigram_table(None, 3)
+    torch.manual_seed(3)
+    cfg = LabConfig(
+        vocab_size=table.vocab_size,
+        hidden_size=16,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        max_position_embeddings=16,
+        initializer_range=0.4,
+    )
+    model = LabForCausalLM(cfg).eval()
+    ids, copied = sample(table, 4, 16, True, torch.Generator().manual_seed(0))
+    want = backcopy_summary(model, ids, copied, table)
+    device_map = {"model.embed_tokens": "disk", "model.layers.0": "cpu", "model.layers.1": "disk"}
+    device_map |= {"model.norm": "cpu", "lm_head": "cpu"}
+    spread = dispatch_model(copy.deepcopy(model), device_map=device_map, offload_dir=tmp_path)
+    assert next(spread.parameters()).device.type == "meta"
+    got = backcopy_summary(spread, ids, copied, table)
+    assert got["head"] == want["head"]
+    assert got["backcopy_loss"] == pytest.approx(want["backcopy_loss"], abs=ATOL)
+    for key in HEAD_KEYS:
+        a, b = (_table(x["per_head"][key]) for x in (want, got))
+        torch.testing.assert_close(b, a, atol=ATOL, rtol=0, equal_nan=True, msg=key)
+
+
 # ------------------------------------------------------------ layers on two devices at once
 # A CPU machine has one real device; ``meta`` stands in for the second (shapes and devices, no
 # data): whatever a layer's keys re-rotation, band or mask creates must follow that layer's own

@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from sinklab.arch import decoder_config, kv_heads
+from sinklab.arch import compute_dtype, decoder_config, kv_heads
 from sinklab.errors import SinklabError
 from sinklab.offline import package_dir
 from sinklab.rotary import position_scheme
@@ -114,7 +114,7 @@ def describe(model: Any, name: str, source: str, weights_sha256: str | None) -> 
         max_positions=int(max_pos) if max_pos else None,
         position_scheme=position_scheme(cfg),
         n_params=sum(p.numel() for p in model.parameters()),
-        dtype=str(next(model.parameters()).dtype).removeprefix("torch."),
+        dtype=str(compute_dtype(model)).removeprefix("torch."),
         weights_sha256=weights_sha256,
         bos_token_id=getattr(cfg, "bos_token_id", None),
     )
