@@ -14,6 +14,7 @@ import torch
 from sinklab.errors import SinklabError
 from sinklab.first_token import FIRST_TOKEN_MODES
 from sinklab.meta import write_json_atomic
+from sinklab.probe.spec import DEFAULT_EPS
 
 DEFAULT_MODES = ("keep", "drop", "bos", "newline", "word")
 DEFAULT_LAMS = (0.0, 0.1, 0.25, 0.5, 0.75, 1.0)
@@ -27,7 +28,7 @@ class AblationConfig:
     """Parameters of all experiments (each reads its own); recorded in ``meta.params``."""
 
     q0: int = 0  # probe: first query counted in sink mass
-    eps: tuple[float, ...] = (0.3, 0.8)  # probe: sink-head thresholds
+    eps: tuple[float, ...] = DEFAULT_EPS  # probe: sink-head thresholds
     positions: tuple[int, ...] = (0,)  # sink key positions masked by mask-sink / sensitivity
     # layers of the "all" condition / sensitivity (None = all) / density (None = middle third)
     layers: tuple[int, ...] | None = None

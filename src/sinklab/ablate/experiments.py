@@ -20,7 +20,7 @@ from sinklab.interventions import MaskSink, first_token, intervene, jacobian_sen
 from sinklab.probe import ProbeConfig, ProbeResult, probe
 from sinklab.probe.geometry import METRICS, SITES, middle_third
 from sinklab.probe.metrics import HEAD_KINDS
-from sinklab.probe.spec import eps_key
+from sinklab.probe.spec import rate_key
 
 # The claims, as the findings name them (paper, then the claim).
 CLAIM_BOS = (
@@ -49,7 +49,7 @@ def _probe(model: nn.Module, ids: Tensor, config: AblationConfig) -> ProbeResult
 def _sink_numbers(res: ProbeResult) -> dict[str, Any]:
     mass = res.sink_mass  # (L, H)
     return {
-        **{f"sink_rate@{k}": v for k, v in res.sink_rate.items()},
+        **{rate_key(float(k)): v for k, v in res.sink_rate.items()},
         "mean_sink_mass": mean(mass),
         "sink_mass_by_layer": [mean(row) for row in mass],
     }
@@ -78,7 +78,7 @@ def first_token_experiment(
             **_sink_numbers(_probe(model, edit.ids, config)),
         }
         _tick(callback, n + 1, len(config.modes))
-    key = f"sink_rate@{eps_key(config.eps[0])}"
+    key = rate_key(config.eps[0])
     base = conditions.get("keep") or next(iter(conditions.values()))
     base_name = "keep" if "keep" in conditions else next(iter(conditions))
     parts = [

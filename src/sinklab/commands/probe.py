@@ -26,6 +26,7 @@ from sinklab.commands.common import (
     stderr,
 )
 from sinklab.errors import SinklabError
+from sinklab.probe.spec import DEFAULT_EPS
 
 DEFAULT_TOKENS = 1024
 
@@ -41,7 +42,9 @@ def probe(
         typer.Option("--lengths", help="Also probe these prefix lengths, e.g. 128,512,2048."),
     ] = None,
     q0: Annotated[int, typer.Option("--q0", help="First query counted in the means.")] = 0,
-    eps: Annotated[str, typer.Option("--eps", help="Sink-head thresholds in (0, 1).")] = "0.3,0.8",
+    eps: Annotated[str, typer.Option("--eps", help="Sink-head thresholds in (0, 1).")] = ",".join(
+        map(str, DEFAULT_EPS)
+    ),
     prepend: Annotated[
         str | None,
         typer.Option("--prepend", help="Put this token first: 'bos', 'eos', an id or one token."),

@@ -14,6 +14,7 @@ import matplotlib.pyplot as plt
 from matplotlib.ticker import NullFormatter
 
 from sinklab import figures
+from sinklab.probe.spec import rate_key
 
 
 def plot_loss(loss: Sequence[tuple[int, float]], path: Path, *, title: str = "") -> Path:
@@ -29,14 +30,14 @@ def plot_loss(loss: Sequence[tuple[int, float]], path: Path, *, title: str = "")
 def plot_sink_emergence(
     checkpoints: Sequence[dict[str, Any]], path: Path, *, title: str = ""
 ) -> Path:
-    """Sink rate (eps 0.3, 0.8) and mean first-token sink mass against checkpoint step."""
+    """Sink rate (at each eps the checkpoints hold) and mean first-token sink mass against step."""
     steps = [c["step"] for c in checkpoints]
     numbers: dict[str, Any] = {"step": steps, "title": title, "q0": 0}
     fig, ax = plt.subplots(figsize=(6, 4))
     x = [max(s, 0.5) for s in steps]  # log axis: step 0 drawn at 0.5
     for eps in checkpoints[0]["sink_rate"] if checkpoints else []:
         rate = [c["sink_rate"][eps] for c in checkpoints]
-        numbers[f"sink_rate@{eps}"] = rate
+        numbers[rate_key(float(eps))] = rate
         ax.plot(x, rate, marker="o", label=f"sink rate (eps {eps})")
     mass = [c["first_token_sink_mass"] for c in checkpoints]
     numbers["first_token_sink_mass"] = mass
@@ -50,11 +51,12 @@ def plot_sink_emergence(
 
 
 def plot_sweep(rows: Sequence[dict[str, Any]], path: Path, *, title: str = "") -> Path:
-    """Per run: sink rate (eps 0.3 / 0.8), first-token mass, and BOS/first-token-removal damage."""
+    """Per run: sink rate (at each eps the rows hold), first-token mass, and the damage of
+    removing BOS / the first token."""
     names = [r["name"] for r in rows]
     fig, (a1, a2) = plt.subplots(1, 2, figsize=(10, 4))
     x = range(len(rows))
-    keys = ("sink_rate@0.3", "sink_rate@0.8", "first_token_sink_mass")
+    keys = (*(k for k in rows[0] if k.startswith("sink_rate@")), "first_token_sink_mass")
     for i, key in enumerate(keys):
         a1.bar([j + (i - 1) * 0.27 for j in x], [r[key] for r in rows], width=0.27, label=key)
     a1.set_xticks(list(x), names, rotation=20)

@@ -21,9 +21,10 @@ from sinklab.lab.backcopy import BackcopyData
 from sinklab.lab.config import TASK_DATA, TrainConfig
 from sinklab.lab.data import LabData
 from sinklab.lab.model import LAB_VARIANTS
-from sinklab.lab.train import TrainResult, corpus_text, load_result, train
+from sinklab.lab.train import EPS, TrainResult, corpus_text, load_result, train
 from sinklab.meta import attach_meta, write_json_atomic
 from sinklab.outputs import output_dir
+from sinklab.probe.spec import rate_key
 
 log = logging.getLogger(__name__)
 
@@ -54,8 +55,7 @@ def sweep_values(kind: str, task: str) -> tuple[str, list[tuple[str, Any]]]:
 
 COLUMNS = (
     "name",
-    "sink_rate@0.3",
-    "sink_rate@0.8",
+    *(rate_key(e) for e in EPS),
     "first_token_sink_mass",
     "ppl_with_first",
     "ppl_without_first",
@@ -114,7 +114,7 @@ def summary_row(name: str, result: TrainResult) -> dict[str, Any]:
     tail = [v for _, v in result.loss[-20:]]
     row = {
         "name": name,
-        **{f"sink_rate@{k}": v for k, v in last["sink_rate"].items()},
+        **{rate_key(float(k)): v for k, v in last["sink_rate"].items()},
         "first_token_sink_mass": last["first_token_sink_mass"],
         **result.val,
         "final_loss": sum(tail) / len(tail),

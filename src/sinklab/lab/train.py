@@ -43,10 +43,11 @@ from sinklab.lab.ranks import Ranks, check_nproc, process_group
 from sinklab.meta import attach_meta, write_json_atomic
 from sinklab.models import describe, file_sha256
 from sinklab.probe import ProbeConfig, probe
+from sinklab.probe.spec import DEFAULT_EPS
 
 log = logging.getLogger(__name__)
 
-EPS = (0.3, 0.8)  # sink-head thresholds (Gu et al., Barbero et al.), docs/metrics.md#q0-eps
+EPS = DEFAULT_EPS  # the probe's sink-head thresholds at every checkpoint
 BACKCOPY_PROBE_SEQUENCES = 16  # held-out sequences each checkpoint's backcopy metrics read
 
 

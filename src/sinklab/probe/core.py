@@ -19,7 +19,7 @@ from sinklab.arch import decoder_layers, input_device, model_shape
 from sinklab.errors import SinklabError
 from sinklab.probe.capture import HiddenCapture, ProbeCapture
 from sinklab.probe.geometry import Geometry, capture_geometry
-from sinklab.probe.spec import BY_NAME, names
+from sinklab.probe.spec import BY_NAME, DEFAULT_EPS, names
 from sinklab.seam import check_supported, sinklab_attention
 
 log = logging.getLogger(__name__)
@@ -33,7 +33,7 @@ class ProbeConfig:
     """What the probe measures; every field is recorded in ``meta.params``."""
 
     q0: int = 0  # first query counted in means (0 = Gu et al.'s alpha); larger drops early rows
-    eps: tuple[float, ...] = (0.3, 0.8)  # sink-head thresholds: Gu et al. 0.3, Barbero et al. 0.8
+    eps: tuple[float, ...] = DEFAULT_EPS  # sink-head thresholds (docs/metrics.md#q0-eps)
     kind_floor: float = 0.3  # head_kind is "mixed" when its largest mass is below this
     sink_factor: float = 5.0  # sink position: received > factor x max(uniform, median over keys)
     max_sink_positions: int = 8  # report at most this many sink positions

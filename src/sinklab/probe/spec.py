@@ -71,9 +71,19 @@ class Metric:
     derive: Callable[[dict[str, Any], ProbeConfig], Any] | None = None  # derived
 
 
+#: the sink-head thresholds every area defaults to: Gu et al.'s 0.3 and Barbero et al.'s stricter
+#: 0.8 (docs/metrics.md#q0-eps)
+DEFAULT_EPS: tuple[float, ...] = (0.3, 0.8)
+
+
 def eps_key(eps: float) -> str:
     """The JSON key of a threshold: 0.3 -> "0.3"."""
     return f"{eps:g}"
+
+
+def rate_key(eps: float) -> str:
+    """The flat key of a sink rate at a threshold, in tables and rows: 0.3 -> "sink_rate@0.3"."""
+    return f"sink_rate@{eps_key(eps)}"
 
 
 def _batch1(pair: tuple[Tensor, Any]) -> tuple[Term, ...]:
