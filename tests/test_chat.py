@@ -15,6 +15,7 @@ import torch
 from helpers import one_line_error, run_main
 from sinklab.chat import ChatConfig, ChatSession
 from sinklab.errors import SinklabError
+from sinklab.generation import GenerateConfig
 
 TEMPLATE = (
     "{% for m in messages %}<s> {{ m['role'] }} {{ m['content'] }} </s> {% endfor %}"
@@ -95,6 +96,29 @@ def test_many_turns_stay_within_sinks_plus_window(chat_model, chat_tokenizer):
     assert stats["max_position_given"] < stats["position_bound"]
     session.reset()
     assert session.stats()["tokens_seen"] == 0 and session.messages == []
+
+
+@pytest.mark.parametrize("config", [ChatConfig, GenerateConfig])
+@pytest.mark.parametrize(
+    ("bad", "message"),
+    [
+        ({"window": 0}, "window must be a positive integer, got 0"),
+        ({"n_sink": -1}, "n_sink must be a positive integer, got -1"),
+        ({"max_new_tokens": 0}, "max_new_tokens must be a positive integer, got 0"),
+        ({"temperature": -0.5}, r"temperature must be >= 0 \(0 = greedy\), got -0.5"),
+        ({"temperature": float("nan")}, "temperature must be >= 0 .* got nan"),
+        ({"temperature": float("inf")}, "temperature must be >= 0 .* got inf"),
+    ],
+)
+def test_chat_and_generate_configs_check_alike(config, bad, message):
+    """Both decoding configs reject the same values with the same words (one check,
+    ``sinklab.generation.check_decoding``); their own chunk sizes too."""
+    with pytest.raises(SinklabError, match=message):
+        config(**bad)
+    chunk = "prompt_chunk" if config is ChatConfig else "prefill_chunk"
+    with pytest.raises(SinklabError, match=f"{chunk} must be a positive integer, got 0"):
+        config(**{chunk: 0})
+    assert config(temperature=0.0).temperature == 0.0 and config(temperature=0.7).window > 0
 
 
 def test_bad_chat_inputs(chat_model, chat_tokenizer, tiny_tokenizer):

@@ -121,7 +121,7 @@ def _interrupt(*a, **k):
     ("args", "target"),
     [
         (["probe", "--tokens", "16"], "sinklab.probe.probe"),
-        (["generate", "--prompt", "To be", "--window", "8"], "sinklab.streaming.generate"),
+        (["generate", "--prompt", "To be", "--window", "8"], "sinklab.generation.generate"),
     ],
 )
 def test_ctrl_c_prints_one_line(capsys, monkeypatch, tmp_path, tiny_model_dir, args, target):

@@ -10,13 +10,8 @@ import pytest
 import torch
 
 from sinklab.errors import SinklabError
-from sinklab.streaming import (
-    GenerateConfig,
-    StreamConfig,
-    generate,
-    segment_ppl,
-    streaming_perplexity,
-)
+from sinklab.generation import GenerateConfig, generate
+from sinklab.streaming import StreamConfig, segment_ppl, streaming_perplexity
 
 ALL = ("dense", "window", "sink", "recompute", "sink-auto")
 

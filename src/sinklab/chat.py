@@ -21,7 +21,7 @@ import torch
 from sinklab.arch import input_device
 from sinklab.cache import CacheConfig, SinkCache
 from sinklab.errors import SinklabError
-from sinklab.generation import TextStream, eos_ids, next_token, read_chunked
+from sinklab.generation import TextStream, check_decoding, eos_ids, next_token, read_chunked
 
 
 def _common(a: str, b: str) -> int:
@@ -47,11 +47,7 @@ class ChatConfig:
     prompt_chunk: int = 128  # a turn's text is read in chunks of at most this many tokens
 
     def __post_init__(self) -> None:
-        for name in ("n_sink", "window", "max_new_tokens", "prompt_chunk"):
-            if getattr(self, name) < 1:
-                raise SinklabError(f"{name} must be a positive integer, got {getattr(self, name)}")
-        if not self.temperature >= 0 or math.isinf(self.temperature):
-            raise SinklabError(f"temperature must be >= 0 (0 = greedy), got {self.temperature}")
+        check_decoding(self, ("n_sink", "window", "max_new_tokens", "prompt_chunk"))
 
 
 @dataclass

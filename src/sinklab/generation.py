@@ -21,18 +21,19 @@ from torch import Tensor
 from sinklab.arch import input_device
 from sinklab.cache import CacheConfig, SinkCache
 from sinklab.errors import SinklabError
+from sinklab.memory import rss_mb
 
 _EVERY = 16  # RSS sampling period, in tokens
 
 
-def _rss_mb() -> float:
-    from sinklab.memory import rss_mb
-
-    return rss_mb()
-
-
-def _device(model: Any) -> torch.device:
-    return input_device(model)
+def check_decoding(config: Any, sizes: Sequence[str]) -> None:
+    """A decoding config's checks (generation's and chat's): each of ``sizes`` a positive integer,
+    ``config.temperature`` finite and >= 0 (0 = greedy). Raises :class:`SinklabError`."""
+    for name in sizes:
+        if getattr(config, name) < 1:
+            raise SinklabError(f"{name} must be a positive integer, got {getattr(config, name)}")
+    if not config.temperature >= 0 or math.isinf(config.temperature):
+        raise SinklabError(f"temperature must be >= 0 (0 = greedy), got {config.temperature}")
 
 
 @dataclass(frozen=True)
@@ -48,11 +49,7 @@ class GenerateConfig:
     prefill_chunk: int = 256  # long prompts are read in chunks of this many tokens
 
     def __post_init__(self) -> None:
-        for name in ("max_new_tokens", "n_sink", "window", "prefill_chunk"):
-            if getattr(self, name) < 1:
-                raise SinklabError(f"{name} must be a positive integer, got {getattr(self, name)}")
-        if not self.temperature >= 0 or math.isinf(self.temperature):
-            raise SinklabError(f"temperature must be >= 0 (0 = greedy), got {self.temperature}")
+        check_decoding(self, ("max_new_tokens", "n_sink", "window", "prefill_chunk"))
 
 
 @dataclass
@@ -126,7 +123,7 @@ def read_chunked(
     room first (:meth:`SinkCache.evict_for_space`), so each chunk attends to at most
     ``n_sink + window`` positions. ``watch(inputs)`` after each forward (what ``prepare`` gave).
     -> logits of the last token (V,)."""
-    dev = _device(model)
+    dev = input_device(model)
     if cache.max_position and cache.capacity is not None:
         chunk = max(1, min(chunk, cache.max_position - cache.capacity))
     if fit and cache.capacity is not None:
@@ -164,8 +161,8 @@ def generate(
     gen = torch.Generator().manual_seed(config.seed)
     stops = eos_ids(model, tokenizer) if config.stop_at_eos else set()
     text, tokens = TextStream(tokenizer), []
-    most, peak, top = 0, _rss_mb(), 0
-    dev = _device(model)
+    most, peak, top = 0, rss_mb(), 0
+    dev = input_device(model)
     start = time.perf_counter()
 
     def watch(extra: dict[str, Tensor]) -> None:
@@ -181,7 +178,7 @@ def generate(
         if on_token is not None:
             on_token(len(tokens))
         if len(tokens) % _EVERY == 0:
-            peak = max(peak, _rss_mb())
+            peak = max(peak, rss_mb())
         if tok in stops or len(tokens) == config.max_new_tokens:
             break
         extra = cache.prepare(1)
@@ -200,7 +197,7 @@ def generate(
         round(seconds, 3),
         n / seconds if seconds > 0 else math.inf,
         max(most, cache.kept_length()),
-        round(max(peak, _rss_mb()), 1),
+        round(max(peak, rss_mb()), 1),
         top,
     )
 
@@ -245,7 +242,8 @@ class StreamBatch:
                 x[b, q - counts[b] :] = torch.as_tensor(list(tokens[s]))
         extra = self.cache.prepare(counts)
         keep = {"logits_to_keep": 1} if last_only else {}
-        logits = self.model(x.to(_device(self.model)), cache=self.cache, **extra, **keep).logits
+        x = x.to(input_device(self.model))
+        logits = self.model(x, cache=self.cache, **extra, **keep).logits
         if last_only:
             return {s: logits[b] for b, s in enumerate(self.ids) if counts[b]}
         return {s: logits[b, q - counts[b] :] for b, s in enumerate(self.ids) if counts[b]}

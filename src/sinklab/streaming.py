@@ -289,8 +289,3 @@ def streaming_perplexity(
         )
         log.info("%s: ppl %.2f, %.1f tok/s", policy, results[policy].ppl, scored / seconds)
     return StreamResult(config, results)
-
-
-# ------------------------------------------------------------------------------ generation
-# bounded-memory generation lives in sinklab.generation (sinklab's own loop, bounded positions)
-from sinklab.generation import GenerateConfig, GenerateResult, generate  # noqa: E402, F401
