@@ -17,13 +17,13 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 from matplotlib.ticker import MaxNLocator
 
+from sinklab.meta import write_json_atomic
+
 DPI = 110
 
 
 def save(fig: Any, path: Path, numbers: Any, *, dpi: int = DPI, tight: bool = True) -> Path:
     """Write ``fig`` to ``path`` (PNG) and ``numbers`` beside it (``NAME.json``); close ``fig``."""
-    from sinklab.meta import write_json_atomic
-
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     try:

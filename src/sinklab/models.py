@@ -22,10 +22,14 @@ from typing import Any
 
 import torch
 
-from sinklab.arch import compute_dtype, decoder_config, kv_heads
+from sinklab.arch import SINKLAB, attn_implementation, compute_dtype, decoder_config, kv_heads
 from sinklab.errors import SinklabError
-from sinklab.offline import package_dir
+from sinklab.offline import enforce_offline, package_dir
 from sinklab.rotary import position_scheme
+from sinklab.seam import register
+
+# transformers, huggingface_hub and safetensors are imported inside the functions that use them:
+# importing sinklab (the CLI's --help, a test's collection) does not pay their ~0.6 s start-up.
 
 log = logging.getLogger(__name__)
 
@@ -266,9 +270,6 @@ def _load_folder(
 ):
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
-    from sinklab.arch import SINKLAB, attn_implementation
-    from sinklab.offline import enforce_offline
-
     enforce_offline()
     _register_sinklab_types(folder)
     try:
@@ -290,8 +291,6 @@ def _load_folder(
     cls = _model_class(config)
     impl = attn_implementation(cls) if cls is not None else None
     if impl == SINKLAB:
-        from sinklab.seam import register
-
         register()
     try:
         model, report = AutoModelForCausalLM.from_pretrained(

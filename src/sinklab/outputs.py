@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from sinklab.errors import SinklabError
+from sinklab.meta import write_json_atomic
 
 MARKER = ".sinklab-output.json"  # {"command": NAME}: a folder sinklab wrote and may replace
 
@@ -170,8 +171,6 @@ def write_results(
     A figure that cannot be drawn fails the whole output (``out`` stays as it was). Returns the
     paths written, as they are under ``out``.
     """
-    from sinklab.meta import write_json_atomic
-
     written: list[Path] = []
     try:
         with output_dir(out, command) as tmp:

@@ -40,6 +40,7 @@ from sinklab.chunked import DEFAULT_CHUNK, chunked_nll
 from sinklab.errors import SinklabError
 from sinklab.memory import rss_mb
 from sinklab.oracle import recompute_nll, recompute_nll_batched
+from sinklab.probe import ProbeConfig, probe
 
 __all__ = [
     "METHODS",
@@ -212,8 +213,6 @@ def choose_sinks(model: Any, prefix: Tensor, n_sink: int) -> tuple[int, ...]:
     sinks (received attention far above uniform and typical, averaged over layers and heads),
     strongest first; if it finds fewer, the earliest other positions fill up (StreamingLLM's
     choice). Returned sorted."""
-    from sinklab.probe import ProbeConfig, probe
-
     result = probe(model, prefix, ProbeConfig(max_sink_positions=n_sink))
     found = [int(d["position"]) for d in result.sink_positions][:n_sink]
     fill = [p for p in range(prefix.numel()) if p not in found][: n_sink - len(found)]

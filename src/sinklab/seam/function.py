@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from sinklab.arch import dispatches_attention
 from sinklab.attention import causal_mask, fused_attention, repeat_kv
 from sinklab.errors import SinklabError
 from sinklab.seam.binding import bind, bound_handlers
@@ -84,6 +85,7 @@ def sinklab_attention_forward(
 
 def register() -> None:
     """Register :data:`ATTN_NAME` with transformers (idempotent)."""
+    # deferred: importing sinklab does not pay transformers' start-up until a model needs it
     from transformers import AttentionInterface
     from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
@@ -93,9 +95,7 @@ def register() -> None:
 
 def check_supported(model: nn.Module) -> None:
     """Raise SinklabError when a model's attention can't go through the registered function."""
-    from sinklab.arch import dispatches_attention  # StableLM dispatches without the flag
-
-    if not dispatches_attention(type(model)):
+    if not dispatches_attention(type(model)):  # StableLM dispatches without the flag
         raise SinklabError(
             f"{type(model).__name__} does not dispatch attention through transformers' "
             "AttentionInterface, so sinklab cannot capture or change its attention; "
