@@ -8,8 +8,8 @@ import re
 
 import pytest
 from rich.console import Console
-from tests.helpers import run_main
 
+from helpers import run_main
 from sinklab.commands import common
 
 

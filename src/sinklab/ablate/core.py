@@ -14,6 +14,7 @@ import torch
 from sinklab.errors import SinklabError
 from sinklab.first_token import FIRST_TOKEN_MODES
 from sinklab.meta import write_json_atomic
+from sinklab.probe.core import ProbeConfig
 from sinklab.probe.spec import DEFAULT_EPS
 
 DEFAULT_MODES = ("keep", "drop", "bos", "newline", "word")
@@ -45,6 +46,7 @@ class AblationConfig:
     def __post_init__(self) -> None:
         if self.q0 < 0:
             raise SinklabError(f"q0 must be >= 0, got {self.q0}; use e.g. --q0 0")
+        ProbeConfig(q0=self.q0, eps=self.eps)  # the probe's own rule for thresholds
         for name in ("positions", "layers", "heads"):
             vals = getattr(self, name)
             if vals is not None and (not vals or min(vals) < 0):

@@ -72,6 +72,7 @@ RECORDS: tuple[Experiment, ...] = (
         "Perplexity on the same targets per first-token condition (log), and mean sink mass per "
         "layer.",
         "perplexity and sink rate with the first token kept, dropped or replaced",
+        options=("eps",),
     ),
     Experiment(
         "mask-sink",
@@ -84,7 +85,7 @@ RECORDS: tuple[Experiment, ...] = (
         "plot_mask_sink",
         "Perplexity per masking condition (log), and token similarity per layer.",
         "perplexity and token similarity with attention to the sink masked",
-        options=("positions", "layers", "heads"),
+        options=("positions", "layers", "heads", "eps"),
     ),
     Experiment(
         "density",
@@ -125,7 +126,7 @@ RECORDS: tuple[Experiment, ...] = (
         "attention input, keys), mean over texts; head kinds per layer.",
         "first-token cosine at the residual, attention input and keys, over several texts",
         texts=True,
-        options=("texts",),
+        options=("texts", "eps"),
     ),
 )
 

@@ -107,6 +107,15 @@ class ClaimsConfig:
         return self.claims or CLAIM_IDS
 
 
+def _filled(text: str, sizes: dict[str, Any]) -> str:
+    """An effect's definition in words, with the run's own sizes filled in (``{eps:g}``,
+    ``{q0}``); as written when a size was not measured."""
+    try:
+        return text.format(**sizes)
+    except (KeyError, IndexError, ValueError):
+        return text
+
+
 @dataclass
 class ClaimRow:
     claim: Claim
@@ -124,7 +133,7 @@ class ClaimRow:
             "paper": c.paper,
             "seed": c.seed,
             "protocol": c.protocol,
-            "effect_definition": c.effect,
+            "effect_definition": _filled(c.effect, self.measurement.sizes),
             "site": c.site,
             "direction": c.direction,
             "threshold": c.threshold,

@@ -51,6 +51,7 @@ def measure_probe(
 ) -> dict[str, Measurement]:
     """first-token-sinks, sink-value-small, sink-output-small: one probe per sample."""
     from sinklab.probe import ProbeConfig, probe
+    from sinklab.probe.spec import eps_key
 
     eps = float(cfg.eps)
     pcfg = ProbeConfig(q0=cfg.q0, eps=(eps,))
@@ -61,7 +62,7 @@ def measure_probe(
         mass = res.sink_mass.double()  # (L, H)
         sink = mass > eps
         n_sink = int(sink.sum())
-        rate = float(sink.double().mean())
+        rate = float(res.sink_rate[eps_key(eps)])  # the probe's own count of ``sink``
         ratio = res.value_norm_ratio.double()[sink].tolist()
         share = (res.sink_output_share.double()[sink] / mass[sink]).tolist()
         common = {"sample": name, "tokens": int(ids.numel()), "sink_heads": n_sink}

@@ -53,7 +53,7 @@ CLAIMS: tuple[Claim, ...] = (
         "Xiao et al. 2024 (StreamingLLM); Barbero et al. 2025",
         "000, 002",
         "probe",
-        "sink rate: fraction of heads with sink mass > 0.3 (q0 = 16)",
+        "sink rate: fraction of heads with sink mass > {eps:g} (q0 = {q0})",
         "attention weights",
         "above",
         0.25,

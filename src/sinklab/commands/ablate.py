@@ -116,6 +116,10 @@ def ablate(
     ] = 8,
     texts: Annotated[int, typer.Option(help="geometry: number of texts.")] = 4,
     q0: Annotated[int, typer.Option(help="First query counted in sink mass.")] = 0,
+    eps: Annotated[
+        str | None,
+        typer.Option(help="Sink-head thresholds in (0, 1), e.g. 0.3,0.8 (the first decides)."),
+    ] = None,
     seed: SeedOpt = 0,
     trust_remote_code: TrustOpt = False,
     dtype: DtypeOpt = "float32",
@@ -140,6 +144,8 @@ def ablate(
     check_experiment(experiment)
     _refuse_inapplicable(ctx, experiment)
     kw: dict = {"lams": parse_float_list(lams, "--lams", "0,0.5,1")} if lams is not None else {}
+    if eps is not None:
+        kw["eps"] = parse_float_list(eps, "--eps", "0.3,0.8")
     if temperatures is not None:
         kw["temperatures"] = parse_float_list(temperatures, "--temperatures", "0.5,1,2")
     config = AblationConfig(

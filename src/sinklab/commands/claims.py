@@ -56,6 +56,12 @@ def claims(
     n_sink: Annotated[int, typer.Option(help="Streaming: sink tokens kept.")] = 4,
     grid: Annotated[int, typer.Option(help="Sensitivity: grid x grid (t, i) positions.")] = 4,
     q0: Annotated[int, typer.Option(help="First query counted in sink mass.")] = 16,
+    eps: Annotated[
+        float, typer.Option(help="Sink-head threshold: a head is a sink head above it.")
+    ] = 0.3,
+    sensitivity_tokens: Annotated[
+        int, typer.Option(help="Sensitivity: tokens per text (Jacobians are costly).")
+    ] = 128,
     cost_lengths: Annotated[str, typer.Option(help="Cost claim: context lengths T.")] = "16,32,64",
     cost_seeds: Annotated[int, typer.Option(help="Cost claim: fitting seeds.")] = 3,
     cost_steps: Annotated[int, typer.Option(help="Cost claim: Adam steps per radius.")] = 300,
@@ -88,6 +94,8 @@ def claims(
         n_sink=n_sink,
         grid=grid,
         q0=q0,
+        eps=eps,
+        sensitivity_tokens=sensitivity_tokens,
         cost_lengths=tuple(parse_int_list(cost_lengths, "--cost-lengths") or ()),
         cost_seeds=cost_seeds,
         cost_steps=cost_steps,

@@ -57,8 +57,7 @@ def _probe_command(ctx: StageContext) -> list[str]:
 def _probe_config(ctx: StageContext) -> Any:
     from sinklab.probe import ProbeConfig
 
-    eps = ctx.config.eps  # the page's threshold first; Barbero et al.'s stricter 0.8 beside it
-    return ProbeConfig(q0=ctx.config.q0, eps=(eps, 0.8) if eps < 0.8 else (eps,))
+    return ProbeConfig(q0=ctx.config.q0, eps=ctx.config.thresholds)
 
 
 def _layer_progress(ctx: StageContext):

@@ -31,6 +31,8 @@ def _params(name: str):
         c = ctx.config
         tokens = ctx.cap_tokens(c.ablate_tokens)
         p: dict[str, Any] = {"tokens": tokens, "q0": min(c.q0, tokens - 1), "seed": c.seed}
+        if "eps" in _record(name).options:
+            p["eps"] = c.thresholds
         if name == "sensitivity":
             p["grid"] = min(c.sensitivity_grid, tokens)
         if _record(name).texts:
@@ -48,6 +50,8 @@ def _command(name: str):
         for key in ("grid", "texts"):
             if key in p:
                 cmd += [f"--{key}", str(p[key])]
+        if "eps" in p:
+            cmd += ["--eps", ",".join(f"{e:g}" for e in p["eps"])]
         return [*cmd, "--seed", str(p["seed"]), "--out", reproduce_dir(ctx, name)]
 
     return command
@@ -59,7 +63,8 @@ def _run(name: str):
         from sinklab.ablate.inputs import experiment_ids
 
         p = _params(name)(ctx)
-        config = AblationConfig(q0=p["q0"], grid=p.get("grid", 16), seed=p["seed"])
+        eps = {"eps": p["eps"]} if "eps" in p else {}
+        config = AblationConfig(q0=p["q0"], grid=p.get("grid", 16), seed=p["seed"], **eps)
         n = p["tokens"]
         ids = experiment_ids(ctx.text_spec, ctx.text, ctx.loaded.tokenizer, n, p.get("texts", 1))
 

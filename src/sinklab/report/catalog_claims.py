@@ -40,11 +40,15 @@ def _params(ctx: StageContext) -> dict[str, Any]:
         "window": min(c.window, 28 if c.quick else 60),
         "n_sink": c.n_sink,
         "grid": min(c.sensitivity_grid, 4),
+        "q0": None,  # below: it needs the tokens
+        "eps": c.eps,
         "cost_seeds": 3,
         "cost_lengths": "8,16" if c.quick else "16,32,64",
         "cost_steps": 30 if c.quick else 300,
         "seed": c.seed,
     }
+    p["q0"] = min(c.q0, p["tokens"] - 1)
+    p["sensitivity_tokens"] = min(128, p["tokens"])
     return p
 
 
@@ -53,8 +57,8 @@ def _command(ctx: StageContext) -> list[str]:
     cmd = ["sinklab", "claims", "--model", ctx.model_spec]
     if p["texts"]:
         cmd += ["--texts", p["texts"], "--windows", str(p["windows"])]
-    keys = ("tokens", "stream_tokens", "window", "n_sink", "grid", "cost_seeds", "cost_lengths")
-    keys += ("cost_steps", "seed")
+    keys = ("tokens", "stream_tokens", "window", "n_sink", "grid", "q0", "eps")
+    keys += ("sensitivity_tokens", "cost_seeds", "cost_lengths", "cost_steps", "seed")
     for key in keys:
         cmd += [f"--{key.replace('_', '-')}", str(p[key])]
     return [*cmd, "--out", reproduce_dir(ctx, "claims")]
@@ -75,8 +79,9 @@ def _run(ctx: StageContext) -> StageOutput:
         window=p["window"],
         n_sink=p["n_sink"],
         grid=p["grid"],
-        sensitivity_tokens=min(128, p["tokens"]),
-        q0=min(ctx.config.q0, p["tokens"] - 1),
+        sensitivity_tokens=p["sensitivity_tokens"],
+        q0=p["q0"],
+        eps=p["eps"],
         cost_seeds=p["cost_seeds"],
         cost_steps=p["cost_steps"],
         cost_lengths=tuple(int(x) for x in p["cost_lengths"].split(",")),

@@ -28,6 +28,7 @@ import torch
 from sinklab.corpus import Text, token_stream
 from sinklab.errors import SinklabError
 from sinklab.models import LoadedModel
+from sinklab.probe.spec import DEFAULT_EPS
 
 Progress = Callable[[float, str], None]  # (fraction of this stage done in [0, 1], short note)
 JsonPath = tuple[str | int, ...]
@@ -76,6 +77,12 @@ class ReportConfig:
                 f"report q0 must be in [0, {min(self.probe_tokens, self.ablate_tokens)}), "
                 f"got {self.q0}"
             )
+
+    @property
+    def thresholds(self) -> tuple[float, ...]:
+        """The page's ``eps`` first, then the stricter defaults beside it (0.3 -> 0.3, 0.8;
+        0.6 -> 0.6, 0.8; 0.9 -> 0.9): every stage that probes uses these."""
+        return (self.eps, *(e for e in DEFAULT_EPS if e > self.eps))
 
     def fit(self, max_positions: int | None, model: str) -> tuple[ReportConfig, list[str]]:
         """The sizes that run on a model with ``max_positions`` positions (every length past it
