@@ -45,17 +45,18 @@ def run_process(*args: str, timeout: int = 300, env: dict | None = None) -> CliR
     return CliRun(proc.returncode, proc.stdout, proc.stderr)
 
 
-def one_line_error(code: int, err: str, needle: str, exit_code: int = 2) -> None:
+def one_line_error(code: int, err: str, needle: str, exit_code: int = 2) -> str:
     """A user mistake: exit ``exit_code``, exactly one non-empty line on stderr holding ``needle``,
-    no traceback."""
+    no traceback. Returns that line."""
     lines = [ln for ln in err.strip().splitlines() if ln.strip()]
     assert code == exit_code and len(lines) == 1, (code, err)
     assert needle in lines[0] and "Traceback" not in err, err
+    return lines[0]
 
 
-def assert_one_line_error(run: CliRun, needle: str, exit_code: int = 2) -> None:
-    """:func:`one_line_error` on a :class:`CliRun`."""
-    one_line_error(run.returncode, run.stderr, needle, exit_code)
+def assert_one_line_error(run: CliRun, needle: str, exit_code: int = 2) -> str:
+    """:func:`one_line_error` on a :class:`CliRun`; returns the line."""
+    return one_line_error(run.returncode, run.stderr, needle, exit_code)
 
 
 class Recorder(AttentionHandler):

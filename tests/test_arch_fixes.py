@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from archs import arch_config, arch_model
+from helpers import CliRun, assert_one_line_error, run_main
 from sinklab.cache import CacheConfig, SinkCache
 from sinklab.errors import SinklabError
 from sinklab.rotary import ALIBI, ROPE, position_scheme, rope_of
@@ -91,18 +92,15 @@ def test_stablelm_probe_goes_through_the_seam():
 
 def test_dense_needs_no_rope(tiny_model_dir, tmp_path, capsys):
     """`stream --policy dense` on GPT-2 was refused: dense moves no key."""
-    from sinklab.cli import main
-
     folder = str(tiny_model_dir("gpt2"))
 
-    def stream(policy: str, out: str) -> int:
+    def stream(policy: str, out: str) -> CliRun:
         args = ["stream", "--model", folder, "--policy", policy, "--tokens", "24", "--method"]
-        args.append("step")
-        return main([*args, "--out", str(tmp_path / out)])
+        return run_main(capsys, *args, "step", "--out", str(tmp_path / out))
 
-    assert stream("dense", "a") == 0, capsys.readouterr().err
-    capsys.readouterr()
-    assert stream("sink", "b") == 2 and "absolute" in capsys.readouterr().err
+    run = stream("dense", "a")
+    assert run.returncode == 0, run.stderr
+    assert_one_line_error(stream("sink", "b"), "absolute")
 
 
 def test_info_facts_gptj_is_rotary_falcon_kv_heads():

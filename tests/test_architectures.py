@@ -27,10 +27,11 @@ import torch
 import transformers
 
 from archs import FAMILIES, arch_model
+from helpers import Recorder
 from sinklab.arch import attn_implementation
 from sinklab.cache import CacheConfig, SinkCache
 from sinklab.errors import SinklabError
-from sinklab.seam import AttentionHandler, sinklab_attention
+from sinklab.seam import sinklab_attention
 from streamref import naive_logits
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "architectures.md"
@@ -165,18 +166,6 @@ def _record(row: str, feature: str, run) -> None:
     RESULTS[(row, feature)] = "OK"
 
 
-class _Weights(AttentionHandler):
-    """Keeps every layer's full weights (B, H, Tq, Tk) as the seam sees them."""
-
-    def __init__(self) -> None:
-        self.weights: dict[int, torch.Tensor] = {}
-
-    def observe(self, chunk) -> None:
-        w = chunk.weights.detach().double()
-        prev = self.weights.get(chunk.layer)
-        self.weights[chunk.layer] = w if prev is None else torch.cat((prev, w), dim=-2)
-
-
 def _impl(model) -> str:
     """The implementation sinklab's loader would pick (and registers where it is sinklab's)."""
     from sinklab.seam import register
@@ -195,13 +184,13 @@ def test_probe(built, row):
         model.set_attn_implementation("eager")
         with torch.no_grad():
             eager = model(ids[None], output_attentions=True).attentions
-        seen = _Weights()
+        seen = Recorder()  # every layer's full weights (B, H, Tq, Tk) as the seam sees them
         with torch.no_grad(), sinklab_attention(model, seen):
             model(ids[None])
         result = probe(model, ids)
         for layer, want in enumerate(eager):
             want = want.double()
-            torch.testing.assert_close(seen.weights[layer], want, atol=1e-5, rtol=0)
+            torch.testing.assert_close(seen.weights(layer).double(), want, atol=1e-5, rtol=0)
             w = want[0]  # (H, T, T)
             masses = {
                 "sink_mass": w[:, :, 0].mean(-1),

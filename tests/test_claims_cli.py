@@ -8,27 +8,14 @@ from pathlib import Path
 
 import pytest
 
+from helpers import one_line_error, run_main
 from sinklab.claims import CLAIM_IDS
-from sinklab.cli import main
 from sinklab.meta import META_KEYS
 from sinklab.outputs import MARKER
 
 FAST = ["--tokens", "32", "--stream-tokens", "40", "--window", "14", "--n-sink", "2",
         "--cost-lengths", "4,8", "--cost-steps", "10"]  # fmt: skip
 SOME = "first-token-sinks,evict-sinks-collapse,sink-cheaper,hard-switch-sink"
-
-
-def run(capsys, args: list[str]) -> tuple[int, str, str]:
-    capsys.readouterr()
-    code = main(args)
-    cap = capsys.readouterr()
-    return code, cap.out, cap.err
-
-
-def one_line(code: int, err: str, needle: str) -> None:
-    lines = [ln for ln in err.strip().splitlines() if ln.strip()]
-    assert code == 2 and len(lines) == 1, (code, err)
-    assert needle in lines[0] and "Traceback" not in err, err
 
 
 @pytest.fixture
@@ -45,7 +32,7 @@ def one_thread():
 def test_claims_json_and_files(capsys, tmp_path, tiny_model_dir, one_thread):
     out = tmp_path / "claims-out"
     args = ["claims", "--model", str(tiny_model_dir("llama")), "--claims", SOME, *FAST]
-    code, stdout, err = run(capsys, [*args, "--format", "json", "--out", str(out)])
+    code, stdout, err = run_main(capsys, *args, "--format", "json", "--out", str(out))
     assert code == 0, err
     data = json.loads(stdout)
     rows = data["claims"]
@@ -66,7 +53,7 @@ def test_claims_json_and_files(capsys, tmp_path, tiny_model_dir, one_thread):
     assert [p["id"] for p in points] == [r["id"] for r in rows]
     assert json.loads((out / MARKER).read_text())["command"] == "claims"
     # a second run replaces its own output; text mode prints the table
-    code, stdout, err = run(capsys, [*args, "--out", str(out)])
+    code, stdout, err = run_main(capsys, *args, "--out", str(out))
     assert code == 0 and "first-token-sinks" in stdout, err
     first = rows[0]
     lo, hi = first["interval"]
@@ -118,14 +105,14 @@ def test_bad_inputs_are_one_line(capsys, extra, needle, monkeypatch):
         raise AssertionError("the model loaded before the inputs were checked")
 
     monkeypatch.setattr(sinklab.models, "load_model", refuse)
-    code, _, err = run(capsys, ["claims", "--model", "/never/loaded", *extra])
-    one_line(code, err, needle)
+    code, _, err = run_main(capsys, "claims", "--model", "/never/loaded", *extra)
+    one_line_error(code, err, needle)
 
 
 def test_a_users_folder_is_refused_before_work(capsys, tmp_path: Path):
     mine = tmp_path / "mine"
     mine.mkdir()
     (mine / "notes.txt").write_text("mine")
-    code, _, err = run(capsys, ["claims", "--claims", "sink-cheaper", "--out", str(mine)])
-    one_line(code, err, "sinklab did not write")
+    code, _, err = run_main(capsys, "claims", "--claims", "sink-cheaper", "--out", str(mine))
+    one_line_error(code, err, "sinklab did not write")
     assert (mine / "notes.txt").read_text() == "mine"

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from conftest import make_tiny_model
+from helpers import assert_one_line_error, run_main
 from sinklab.cli import main
 from sinklab.models import load_model
 from sinklab.probe import probe
@@ -108,13 +109,11 @@ def test_cli_dtype_and_device(tiny_model_dir, tmp_path, capsys):
     assert main([*base, "--dtype", "bfloat16", "--out", str(tmp_path / "a")]) == 0
     data = json.loads((tmp_path / "a" / "probe.json").read_text())
     assert data["meta"]["model"]["dtype"] == "bfloat16"
-    capsys.readouterr()
     for flag, value, needle in (("--dtype", "float64", "--dtype must be one of"),) + (
         () if torch.cuda.is_available() else (("--device", "cuda", "no CUDA device"),)
     ):
-        assert main([*base, flag, value, "--out", str(tmp_path / value)]) == 2
-        lines = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
-        assert len(lines) == 1 and needle in lines[0], lines
+        run = run_main(capsys, *base, flag, value, "--out", str(tmp_path / value))
+        assert_one_line_error(run, needle)
 
 
 @pytest.mark.parametrize(

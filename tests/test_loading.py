@@ -13,22 +13,8 @@ import torch
 from safetensors.torch import save_file
 
 from archs import arch_model
-from sinklab.cli import main
+from helpers import assert_one_line_error, run_main
 from sinklab.models import load_model
-
-
-def run_inproc(capsys, *args: str) -> tuple[int, list[str]]:
-    """The CLI in this process: (exit code, non-empty stderr lines)."""
-    code = main(list(args))
-    err = capsys.readouterr().err
-    return code, [ln for ln in err.strip().splitlines() if ln.strip()]
-
-
-def assert_refused(capsys, needle: str, *args: str) -> str:
-    code, lines = run_inproc(capsys, *args)
-    assert code == 2 and len(lines) == 1, lines
-    assert "Traceback" not in lines[0] and needle in lines[0], lines
-    return lines[0]
 
 
 @pytest.fixture
@@ -57,7 +43,7 @@ def no_network(monkeypatch):
 def test_uncached_id_makes_no_network_attempt(capsys, no_network, tmp_path, monkeypatch, name):
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))  # an empty cache: nothing is cached
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hf" / "hub"))
-    line = assert_refused(capsys, "never downloads", "info", "--model", name)
+    line = assert_one_line_error(run_main(capsys, "info", "--model", name), "never downloads")
     assert no_network == [], no_network
     assert name in line
 
@@ -90,13 +76,13 @@ def test_pickle_weights_refused_never_unpickled(capsys, llama_dir, tmp_path, mon
         raise AssertionError("torch.load was called")
 
     monkeypatch.setattr(torch, "load", no_unpickle)
-    line = assert_refused(capsys, "pickle weights", "info", "--model", str(folder))
+    line = assert_one_line_error(run_main(capsys, "info", "--model", str(folder)), "pickle weights")
     assert name in line and "save_pretrained" in line
 
 
 def test_config_without_weights_refused(capsys, llama_dir, tmp_path):
     folder = _copy_without_weights(llama_dir, tmp_path / "bare")
-    assert_refused(capsys, "no weights", "info", "--model", str(folder))
+    assert_one_line_error(run_main(capsys, "info", "--model", str(folder)), "no weights")
 
 
 @pytest.mark.parametrize("damage", ["truncated", "garbage", "huge-header", "empty"])
@@ -110,7 +96,7 @@ def test_broken_safetensors_refused(capsys, llama_dir, tmp_path, damage):
         "empty": b"",
     }[damage]
     (folder / "model.safetensors").write_bytes(broken)
-    assert_refused(capsys, "model.safetensors", "info", "--model", str(folder))
+    assert_one_line_error(run_main(capsys, "info", "--model", str(folder)), "model.safetensors")
 
 
 def test_weights_of_another_model_refused_listing_names(capsys, llama_dir, tmp_path):
@@ -119,7 +105,9 @@ def test_weights_of_another_model_refused_listing_names(capsys, llama_dir, tmp_p
     save_file(
         {k: v.contiguous() for k, v in gpt2.state_dict().items()}, folder / "model.safetensors"
     )
-    line = assert_refused(capsys, "do not fit its config", "info", "--model", str(folder))
+    line = assert_one_line_error(
+        run_main(capsys, "info", "--model", str(folder)), "do not fit its config"
+    )
     assert "missing" in line and "model.layers.0." in line and "unexpected" in line
 
 
@@ -130,7 +118,9 @@ def test_one_missing_weight_refused(capsys, llama_dir, tmp_path):
     state = load_file(llama_dir / "model.safetensors")
     state.pop("model.layers.1.self_attn.k_proj.weight")
     save_file(state, folder / "model.safetensors")
-    line = assert_refused(capsys, "1 weights missing", "info", "--model", str(folder))
+    line = assert_one_line_error(
+        run_main(capsys, "info", "--model", str(folder)), "1 weights missing"
+    )
     assert "model.layers.1.self_attn.k_proj.weight" in line
 
 
@@ -142,7 +132,7 @@ def test_config_without_architectures_refused(capsys, llama_dir, tmp_path):
     cfg = json.loads((folder / "config.json").read_text())
     cfg.pop("architectures")
     (folder / "config.json").write_text(json.dumps(cfg))
-    assert_refused(capsys, "names no architecture", "info", "--model", str(folder))
+    assert_one_line_error(run_main(capsys, "info", "--model", str(folder)), "names no architecture")
 
 
 def test_good_folder_still_loads(llama_dir):
