@@ -116,10 +116,20 @@ def test_cli_dtype_and_device(tiny_model_dir, tmp_path, capsys):
         assert_one_line_error(run, needle)
 
 
-@pytest.mark.parametrize(
-    "command", ["info", "probe", "stream", "ablate", "generate", "report", "chat", "claims"]
-)
+MODEL_COMMANDS = ("info", "probe", "stream", "ablate", "generate", "report", "chat", "claims")
+NO_PRETRAINED_MODEL = ("train", "cost")  # lab models from scratch; synthetic fits (README)
+
+
+def test_every_command_is_a_model_command_or_a_stated_exception():
+    from sinklab.cli import app
+
+    names = {c.name for c in app.registered_commands}
+    assert names == set(MODEL_COMMANDS) | set(NO_PRETRAINED_MODEL)
+
+
+@pytest.mark.parametrize("command", MODEL_COMMANDS)
 def test_every_command_takes_dtype_and_device(command, capsys):
+    """Every command that loads a pretrained model; ``train`` and ``cost`` load none (README)."""
     assert main([command, "--help"]) == 0
     out = capsys.readouterr().out
     assert "--dtype" in out and "--device" in out
