@@ -131,7 +131,6 @@ class ClaimRow:
             "id": c.id,
             "statement": c.statement,
             "paper": c.paper,
-            "seed": c.seed,
             "protocol": c.protocol,
             "effect_definition": _filled(c.effect, self.measurement.sizes),
             "site": c.site,
