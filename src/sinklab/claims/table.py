@@ -1,5 +1,6 @@
-"""The claims table in words, the one wording: ``sinklab claims`` prints it, the report's first
-section shows the same columns (:mod:`sinklab.report.catalog_claims`)."""
+"""The claims table in words for a terminal: ``sinklab claims`` prints it. The report's first
+section (:mod:`sinklab.report.catalog_claims`) shows more columns (statement, paper, reason) with
+each number linked to its place in the JSON, and takes its "claimed" cell from here."""
 
 from __future__ import annotations
 
