@@ -126,7 +126,7 @@ def _interrupt(*a, **k):
 @pytest.mark.parametrize(
     ("args", "target"),
     [
-        (["probe", "--tokens", "16"], "sinklab.probe.probe"),
+        (["probe", "--tokens", "16"], "sinklab.probe.run.probe"),
         (["generate", "--prompt", "To be", "--window", "8"], "sinklab.generation.generate"),
     ],
 )

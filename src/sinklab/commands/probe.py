@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import time
-from dataclasses import asdict
 from pathlib import Path
 from typing import Annotated
 
@@ -25,7 +24,6 @@ from sinklab.commands.common import (
     progress,
     stderr,
 )
-from sinklab.errors import SinklabError
 from sinklab.probe.spec import DEFAULT_EPS
 
 DEFAULT_TOKENS = 1024
@@ -61,59 +59,31 @@ def probe(
 
     Example: sinklab probe --tokens 1024 --q0 16 --lengths 128,512,2048 --out runs/probe
     """
-    from sinklab.corpus import check_token_spec, load_text, token_stream
+    from sinklab.corpus import load_text, token_stream
     from sinklab.meta import attach_meta
     from sinklab.models import load_model
     from sinklab.outputs import check_out, write_results
-    from sinklab.probe import ProbeConfig, check_lengths, probe_lengths
-    from sinklab.probe import probe as run_probe
+    from sinklab.probe import ProbeConfig
     from sinklab.probe.plots import probe_figures
+    from sinklab.probe.run import ProbeRun
     from sinklab.probe.summary import summary_sentences
     from sinklab.seam import check_supported
 
     # cheap checks first, before the model loads
-    config = ProbeConfig(q0=q0, eps=parse_float_list(eps, "--eps", "0.3,0.8") or ())
-    if tokens < 2:
-        raise SinklabError(f"--tokens must be at least 2, got {tokens}")
-    if q0 >= tokens:
-        raise SinklabError(f"--q0 {q0} leaves no query among --tokens {tokens}; use q0 < {tokens}")
+    eps_list = parse_float_list(eps, "--eps", "0.3,0.8") or ()
     ns = parse_int_list(lengths, "--lengths")
-    if ns is not None:
-        ns = check_lengths(ns, max(ns), q0)  # the upper bound: the model's positions, below
-    if prepend is not None:
-        check_token_spec(prepend)
-    need = max([tokens, *(ns or [])])
+    run = ProbeRun(ProbeConfig(q0=q0, eps=eps_list), tokens, tuple(ns) if ns else None, prepend)
     out = check_out(out, "probe")
     txt = load_text(text)
     with stderr.status("loading model"):
         loaded = load_model(model, dtype=dtype, device=device, trust_remote_code=trust_remote_code)
-    info = loaded.info
-    check_positions(info, need, "--tokens" if need == tokens else "--lengths")
-    ids = token_stream(txt, loaded.tokenizer, need, prepend=prepend)
+    check_positions(loaded.info, run.need, run.need_option)
+    ids = token_stream(txt, loaded.tokenizer, run.need, prepend=prepend)
     check_supported(loaded.model)  # before the progress bar: a clean one-line error
-
     start = time.perf_counter()
-    n_runs = 1 + len(ns or [])
     with progress(enabled=fmt is OutputFormat.text) as bars:
-        tick = bars.callback("probe", info.n_layers * n_runs)  # layers done, over every run
-        result = run_probe(
-            loaded.model, ids[:tokens], config, lambda d, _: tick(d, None, f"{tokens} tokens")
-        )
-        trend = None
-        if ns:
-            trend = probe_lengths(
-                loaded.model,
-                ids,
-                ns,
-                config,
-                callback=lambda d, _: tick(info.n_layers + d, None, "lengths"),
-                known=result,
-            )
-    data = result.to_json()
-    if trend is not None:
-        data["by_length"] = trend.to_json()
-    params = {**asdict(config), "tokens": tokens, "lengths": ns, "prepend": prepend}
-    attach_meta(data, info, txt, params, time.perf_counter() - start)
+        _, data = run.run(loaded.model, ids, bars.callback("probe"))
+    attach_meta(data, loaded.info, txt, run.params(), time.perf_counter() - start)
     written = write_results(
         out,
         "probe",

@@ -61,22 +61,19 @@ def _probe_config(ctx: StageContext) -> Any:
 
 
 def _layer_progress(ctx: StageContext):
-    def callback(done: int, total: int) -> None:
+    def callback(done: int, total: int, *_label: str) -> None:
         ctx.progress(done / max(1, total), f"layer {done}/{total}")
 
     return callback
 
 
 def _run_probe(ctx: StageContext) -> StageOutput:
-    from sinklab.probe import probe
+    from sinklab.probe.run import ProbeRun
 
-    p = _probe_params(ctx)
-    config = _probe_config(ctx)
+    run = ProbeRun(_probe_config(ctx), _probe_params(ctx)["tokens"])  # as `sinklab probe` runs
     start = time.perf_counter()
-    result = probe(ctx.loaded.model, ctx.ids(p["tokens"]), config, _layer_progress(ctx))
-    data = result.to_json()
-    params = {**asdict(config), "tokens": p["tokens"]}
-    attach_meta(data, ctx.loaded.info, ctx.text, params, time.perf_counter() - start)
+    result, data = run.run(ctx.loaded.model, ctx.ids(run.tokens), _layer_progress(ctx))
+    attach_meta(data, ctx.loaded.info, ctx.text, run.params(), time.perf_counter() - start)
     ctx.shared["probe"] = result
     return StageOutput(data, _probe_figures(ctx, data), _probe_tables(data))
 

@@ -1,0 +1,87 @@
+"""One ``sinklab probe`` run as a library call: the probe at ``tokens`` and, optionally, the same
+text's length trend (:func:`~sinklab.probe.core.probe_lengths`), checked before any model loads
+and returned as one JSON dict (``by_length`` beside the probe's own keys)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from torch import Tensor, nn
+
+from sinklab.arch import model_shape
+from sinklab.corpus import check_token_spec
+from sinklab.errors import SinklabError
+from sinklab.probe.core import ProbeConfig, ProbeResult, check_lengths, probe, probe_lengths
+
+#: callback(layers done over every run, total, label)
+RunCallback = Callable[[int, int, str], None]
+
+
+@dataclass(frozen=True)
+class ProbeRun:
+    """The probe at ``tokens`` tokens; with ``lengths``, also at each prefix length; with
+    ``prepend``, that token first (a token spec of :func:`sinklab.corpus.check_token_spec`)."""
+
+    config: ProbeConfig
+    tokens: int = 1024
+    lengths: tuple[int, ...] | None = None
+    prepend: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.tokens < 2:
+            raise SinklabError(f"--tokens must be at least 2, got {self.tokens}")
+        q0 = self.config.q0
+        if q0 >= self.tokens:
+            raise SinklabError(
+                f"--q0 {q0} leaves no query among --tokens {self.tokens}; use q0 < {self.tokens}"
+            )
+        if self.lengths is not None:  # the upper bound is the model's positions (the caller's)
+            lengths = tuple(check_lengths(self.lengths, max(self.lengths), q0))
+            object.__setattr__(self, "lengths", lengths)
+        if self.prepend is not None:
+            check_token_spec(self.prepend)
+
+    @property
+    def need(self) -> int:
+        """Tokens the run reads: the longest of ``tokens`` and ``lengths``."""
+        return max((self.tokens, *(self.lengths or ())))
+
+    @property
+    def need_option(self) -> str:
+        """The option that sets :attr:`need` (for a position-limit error)."""
+        return "--tokens" if self.need == self.tokens else "--lengths"
+
+    def params(self) -> dict[str, Any]:
+        """``meta.params``: the config's fields and the run's own sizes."""
+        lengths = None if self.lengths is None else list(self.lengths)
+        sizes = {"tokens": self.tokens, "lengths": lengths, "prepend": self.prepend}
+        return {**asdict(self.config), **sizes}
+
+    def run(
+        self, model: nn.Module, ids: Tensor, callback: RunCallback | None = None
+    ) -> tuple[ProbeResult, dict[str, Any]]:
+        """Probe ``ids[:tokens]`` (``ids``: at least :attr:`need` tokens), then each length:
+        the probe's result and its JSON, with ``by_length`` when lengths were asked."""
+        n_layers = model_shape(model)[0]
+        total = n_layers * (1 + len(self.lengths or ()))  # layers over every run
+
+        def say(done: int, label: str) -> None:
+            if callback is not None:
+                callback(done, total, label)
+
+        label = f"{self.tokens} tokens"
+        result = probe(model, ids[: self.tokens], self.config, lambda d, _: say(d, label))
+        data = result.to_json()
+        if self.lengths:
+            trend = probe_lengths(
+                model,
+                ids,
+                self.lengths,
+                self.config,
+                callback=lambda d, _: say(n_layers + d, "lengths"),
+                known=result,
+            )
+            data["by_length"] = trend.to_json()
+        return result, data
