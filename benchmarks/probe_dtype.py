@@ -1,4 +1,4 @@
-"""Benchmark: the probe in float32 vs bfloat16 on the CPU (issue 14: dtype on every command).
+"""Benchmark: the probe in float32 vs bfloat16 on the CPU (``--dtype`` on every command).
 
 Each measurement is a fresh process (``--worker``) that loads the model in one dtype (the load is
 not timed), probes ``T`` tokens of the embedded plays once, and reports the probe's wall and CPU

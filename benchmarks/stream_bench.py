@@ -6,8 +6,8 @@ Every policy runs through the library's own loop (``sinklab.streaming.run_policy
 the oracle, the NLL and sink-auto's prefix rule are sinklab's, so these numbers cannot drift from
 ``sinklab stream``), ``--method step`` (default: one token per forward, the ms/token a decoder
 sees) or ``chunked``. Every measured run is a fresh process (``--worker SPEC``). Sizes are
-arguments (the issue's full protocol is ``--tokens 20000 --soak-tokens 100000``: hours on 2 cores
-with step). Prints one JSON object.
+arguments (the full protocol, as run for benchmarks/results/2026-11-30/stream-soak-100k.json, is
+``--tokens 20000 --soak-tokens 100000``: hours on 2 cores with step). Prints one JSON object.
 
     python benchmarks/stream_bench.py --tokens 2000 --rounds 3
 """

@@ -1,6 +1,6 @@
-"""Issue 14's bugs, one test each (every one failed before its fix): sliding windows without
-layer types, NoPE layers, falcon's ALiBi, partial and interleaved RoPE, refusals that were not
-needed, and the facts ``info`` shows."""
+"""Architecture bugs (docs/architectures.md), one test each (every one failed before its fix):
+sliding windows without layer types, NoPE layers, falcon's ALiBi, partial and interleaved RoPE,
+refusals that were not needed, and the facts ``info`` shows."""
 
 from __future__ import annotations
 

@@ -301,8 +301,9 @@ def test_geometry_finding_and_claim_verdict_agree_on_the_same_numbers(tiny, tiny
 
 
 def test_geometry_claim_quotes_the_mean_and_names_the_positive_layers():
-    """The SmolLM2 case of issue 12: some middle layers positive, the mean over them negative:
-    supported by the claims rule, and the finding still shows the positive layers."""
+    """SmolLM2's geometry (docs/experiments.md#geometry; first-token-cosine -0.112 in
+    benchmarks/results/2026-12-01/claims-smollm2.md): some middle layers positive, the mean over
+    them negative: supported by the claims rule, and the finding still shows the positive layers."""
     from sinklab.ablate.experiments import _positive_layers, geometry_claim
 
     cos = torch.tensor([[0.3, 0.2, -0.5, 0.1, -0.4, 0.2]] * 2 + [[0.3, 0.2, -0.3, 0.1, -0.2, 0.2]])

@@ -1,5 +1,5 @@
-"""Issue 15's remaining CLI cases: each bad input is refused in one line (exit 2, no traceback),
-mostly in process (tests/helpers.run_main); closed and broken stdout need a real process."""
+"""Bad CLI inputs: each is refused in one line (exit 2, no traceback), mostly in process
+(tests/helpers.run_main); closed and broken stdout need a real process."""
 
 from __future__ import annotations
 

@@ -1,6 +1,7 @@
-"""A model dispatched by accelerate (issue 14 item 4) gives the undispatched model's numbers on
-every path that runs a model: stream (chunked and step, dense / window / sink, the recompute
-oracle), the sink-cache generate loop, chat, every ablation experiment, and the CLI.
+"""A model dispatched by accelerate (``load_model(device=...)`` with an accelerate device map)
+gives the undispatched model's numbers on every path that runs a model: stream (chunked and
+step, dense / window / sink, the recompute oracle), the sink-cache generate loop, chat, every
+ablation experiment, and the CLI.
 
 The device map puts the input embedding, the middle decoder layer and the LM head on disk: their
 weights are ``meta`` between forwards, so the first parameter's device says nothing and inputs

@@ -1,6 +1,6 @@
-"""--dtype and --device (issue 14 item 4): an accelerate device map that offloads a layer to disk
-gives the undispatched model's numbers; bfloat16 stays within a stated tolerance of float32;
-bad values are one-line errors."""
+"""--dtype and --device: an accelerate device map that offloads a layer to disk gives the
+undispatched model's numbers; bfloat16 stays within a stated tolerance of float32; bad values are
+one-line errors."""
 
 from __future__ import annotations
 

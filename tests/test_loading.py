@@ -1,6 +1,6 @@
-"""The model loader's refusals (issue 15: offline, safetensors only, weights that fit the config,
-clean one-line errors) and the attention implementation it picks (issue 14: Gemma 2, gpt-oss,
-BLOOM and MPT load)."""
+"""The model loader's refusals (offline, safetensors only, weights that fit the config, clean
+one-line errors) and the attention implementation it picks (Gemma 2, gpt-oss, BLOOM and MPT load;
+docs/architectures.md)."""
 
 from __future__ import annotations
 

@@ -168,11 +168,11 @@ def test_smollm2_weights_equal_eager_on_short_input(smollm2, monkeypatch):
 
 @pytest.mark.integration
 def test_smollm2_first_token_is_the_dominant_sink(smollm2):
-    """256 tokens of the first play, q0 = 16. Measured here: sink rate 0.63 at eps 0.3 (0.50 at
-    1,024 tokens, as the issue reports), 0.02-0.04 at eps 0.8; key 0 receives ~0.35 on average,
-    the next key ~0.07. Bounds: rate >= 0.3 (half the measured value; a broken capture gives ~0,
-    uniform attention gives 0), key 0 at least 3x the runner-up, and layers 0-1 and 10-11 (no
-    sinks in the reference measurement) below eps 0.3 in every head."""
+    """256 tokens of the first play, q0 = 16. Measured here: sink rate 0.63 at eps 0.3 (0.496 over
+    1,024 tokens: ``sinklab probe --tokens 1024 --q0 16``), 0.02-0.04 at eps 0.8; key 0 receives
+    ~0.35 on average, the next key ~0.07. Bounds: rate >= 0.3 (half the measured value; a broken
+    capture gives ~0, uniform attention gives 0), key 0 at least 3x the runner-up, and layers 0-1
+    and 10-11 (no sink head in layers 0-11 of that 1,024-token run) below eps 0.3 in every head."""
     from sinklab.corpus import load_text, token_stream
 
     ids = token_stream(load_text("shakespeare"), smollm2.tokenizer, 256)

@@ -117,7 +117,8 @@ def test_smollm2_window_collapses_sink_tracks_recompute(smollm2):
 
     Measured here (fp32), on targets past the window (t >= 64): window PPL 49.1 against sink
     17.5 (2.8x); on the 32 recompute targets there, sink 18.04 against recompute 17.77 (+1.5%;
-    over 256 tokens: +0.4%; the issue's reference: +0.16% at 4 + 508). Bounds with margin for
+    over 256 tokens: +0.4%; at 4 + 508 over 3,000 tokens, +1.0% on the 150 shared targets of
+    benchmarks/results/2026-11-30/stream-3k-sink-vs-recompute.json). Bounds with margin for
     other BLAS builds and the few targets: window at least 2x sink, sink within 5% of recompute.
     """
     from sinklab.corpus import load_text, token_stream
