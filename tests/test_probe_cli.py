@@ -61,7 +61,8 @@ def test_probe_writes_json_and_figures(capsys, tmp_path: Path, tiny_model_dir):
 
 
 def test_summary_is_computed_from_the_numbers():
-    from sinklab.probe.summary import layer_means, summary_sentences, top_heads_sentence
+    from sinklab.probe.metrics import layer_means
+    from sinklab.probe.summary import summary_sentences, top_heads_sentence
 
     data = {
         "meta": {"params": {"q0": 0, "tokens": 10, "eps": [0.3]}, "model": {"name": "m"}},

@@ -277,3 +277,37 @@ def test_config_rejects_bad_values(kwargs, needle):
 def test_config_defaults_are_the_contract():
     c = ProbeConfig()
     assert c.q0 == 0 and c.eps == (0.3, 0.8)
+
+
+# ------------------------------------------------------------------- (layer, head) tables
+def test_nan_mean_leaves_out_nan_and_none_never_zero():
+    nan = math.nan
+    assert M.nan_mean([0.2, nan, 0.4]) == pytest.approx(0.3)  # not (0.2 + 0 + 0.4) / 3
+    assert M.nan_mean([[0.1, None], [nan, 0.5]]) == pytest.approx(0.3)  # nested, None = missing
+    t = torch.tensor([[1.0, nan], [3.0, 5.0]])
+    assert M.nan_mean(t) == pytest.approx(3.0) == float(t.nanmean())
+    for empty in ([], [nan, None], torch.full((2, 2), nan)):
+        assert math.isnan(M.nan_mean(empty))
+
+
+def test_layer_means_match_a_loop_over_heads():
+    g = torch.Generator().manual_seed(1)
+    mass = torch.rand(4, 5, generator=g, dtype=torch.float64)
+    mass[1, 2] = mass[3] = math.nan  # a head with no counted query; a layer with none
+    want = []
+    for row in mass.tolist():
+        kept = [v for v in row if not math.isnan(v)]
+        want.append(sum(kept) / len(kept) if kept else math.nan)
+    for table in (mass, mass.tolist()):
+        got = M.layer_means(table)
+        assert got[:3] == pytest.approx(want[:3]) and math.isnan(got[3])
+
+
+def test_top_heads_rank_by_value_nan_left_out_ties_in_layer_head_order():
+    nan = math.nan
+    table = [[0.1, 0.9, nan], [0.5, 0.9, 0.7]]
+    assert M.top_heads(table, 3) == [(0, 1, 0.9), (1, 1, 0.9), (1, 2, 0.7)]
+    assert M.top_heads(torch.tensor(table, dtype=torch.float64), 10) == [
+        (0, 1, 0.9), (1, 1, 0.9), (1, 2, 0.7), (1, 0, 0.5), (0, 0, 0.1)
+    ]  # fmt: skip
+    assert M.top_heads([[nan]], 5) == []

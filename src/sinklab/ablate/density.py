@@ -25,7 +25,8 @@ from sinklab.interventions import (
     AttentionTemperature,
     intervene,
 )
-from sinklab.probe.geometry import capture_geometry, middle_third, nan_mean
+from sinklab.probe.geometry import capture_geometry, middle_third
+from sinklab.probe.metrics import nan_mean
 
 PROTOCOLS = ("mix", "temperature", "replace")
 DENSITY_SITES = ("residual", "attention_input")

@@ -19,7 +19,7 @@ from sinklab.errors import SinklabError
 from sinklab.interventions import MaskSink, first_token, intervene, jacobian_sensitivity
 from sinklab.probe import ProbeConfig, ProbeResult, probe
 from sinklab.probe.geometry import METRICS, SITES, middle_third
-from sinklab.probe.metrics import HEAD_KINDS
+from sinklab.probe.metrics import HEAD_KINDS, layer_means
 from sinklab.probe.spec import rate_key
 
 # The claims, as the findings name them (paper, then the claim).
@@ -51,7 +51,7 @@ def _sink_numbers(res: ProbeResult) -> dict[str, Any]:
     return {
         **{rate_key(float(k)): v for k, v in res.sink_rate.items()},
         "mean_sink_mass": mean(mass),
-        "sink_mass_by_layer": [mean(row) for row in mass],
+        "sink_mass_by_layer": layer_means(mass),
     }
 
 

@@ -19,6 +19,7 @@ from sinklab.arch import decoder_layers, input_device, model_shape
 from sinklab.errors import SinklabError
 from sinklab.probe.capture import HiddenCapture, ProbeCapture
 from sinklab.probe.geometry import Geometry, capture_geometry
+from sinklab.probe.metrics import layer_means, nan_mean
 from sinklab.probe.spec import BY_NAME, DEFAULT_EPS, names
 from sinklab.seam import check_supported, sinklab_attention
 
@@ -261,6 +262,6 @@ def probe_lengths(
             callback(offset, res.n_layers * len(ns))
         trend.lengths.append(n)
         trend.sink_rate.append(res.sink_rate)
-        trend.mean_sink_mass.append(float(res.sink_mass.nanmean()))
-        trend.sink_mass_by_layer.append(res.sink_mass.nanmean(1).tolist())
+        trend.mean_sink_mass.append(nan_mean(res.sink_mass))
+        trend.sink_mass_by_layer.append(layer_means(res.sink_mass))
     return trend

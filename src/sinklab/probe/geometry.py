@@ -18,7 +18,6 @@ removed on exit.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -236,8 +235,3 @@ def middle_third(n_layers: int) -> list[int]:
     chunks = torch.arange(n_layers).tensor_split(3)
     mid = [int(x) for x in chunks[1]] if n_layers >= 3 else []
     return mid or list(range(n_layers))
-
-
-def nan_mean(xs: list[float | None]) -> float:
-    vals = [x for x in xs if x is not None and not math.isnan(x)]
-    return sum(vals) / len(vals) if vals else float("nan")

@@ -12,7 +12,9 @@ Hidden-state metrics take one layer's residual stream ``(T, d)``.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -233,6 +235,40 @@ def sink_positions(
     hits = torch.nonzero((r > base) & (seen_by >= max(16, tk // 16))).flatten().tolist()
     hits.sort(key=lambda j: -float(r[j]))
     return [{"position": int(j), "mass": float(r[j])} for j in hits[:top]]
+
+
+# ------------------------------------------------------------------- (layer, head) tables
+def _flat(values: Any) -> list[Any]:
+    if isinstance(values, Tensor):
+        return values.flatten().tolist()
+    if isinstance(values, list | tuple):
+        return [x for v in values for x in _flat(v)]
+    return [values]
+
+
+def nan_mean(values: Tensor | Sequence[Any]) -> float:
+    """Mean of ``values`` (a tensor or nested lists of numbers), NaN-skipping: a NaN entry (a head
+    with no counted query) or None (a site not measured) is left out, never counted as 0; NaN
+    when nothing is left."""
+    kept = [float(v) for v in _flat(values) if v is not None and v == v]
+    return sum(kept) / len(kept) if kept else math.nan
+
+
+def layer_means(table: Tensor | Sequence[Sequence[float]]) -> list[float]:
+    """(L, H) -> the mean over heads of each layer, NaN-skipping (:func:`nan_mean`)."""
+    return [nan_mean(row) for row in table]
+
+
+def top_heads(table: Tensor | Sequence[Sequence[float]], top: int) -> list[tuple[int, int, float]]:
+    """(L, H) -> the ``top`` (layer, head, value) with the largest values, largest first (ties in
+    (layer, head) order); NaN heads are left out."""
+    cells = [
+        (layer, head, float(v))
+        for layer, row in enumerate(table)
+        for head, v in enumerate(_flat(row))
+        if v == v
+    ]
+    return sorted(cells, key=lambda c: -c[2])[:top]
 
 
 # ----------------------------------------------------------------------------- hidden states

@@ -13,7 +13,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
 from sinklab import figures
-from sinklab.probe.summary import layer_means
+from sinklab.probe.metrics import layer_means
 
 HEATMAP, CURVES, TREND, BY_LAYER = "sink_mass_heatmap", "layer_curves", "length_trend", "by_layer"
 CAPTIONS = {

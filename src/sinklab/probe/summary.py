@@ -4,26 +4,15 @@ threshold and size from the result's own ``meta.params``."""
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from typing import Any
 
-
-def layer_means(sink_mass: Sequence[Sequence[float]]) -> list[float]:
-    """Mean over heads per layer, NaN-safe (a head with no counted query is left out, never 0)."""
-    out = []
-    for row in sink_mass:
-        finite = [float(v) for v in row if v == v]
-        out.append(sum(finite) / len(finite) if finite else math.nan)
-    return out
+from sinklab.probe.metrics import top_heads
+from sinklab.probe.spec import eps_key
 
 
 def _pct(x: float) -> str:
     return f"{100 * x:.0f}%"
-
-
-def _key(eps: float) -> str:
-    return f"{eps:g}"  # the JSON key of a threshold (sinklab.probe.core.eps_key)
 
 
 def ranges(layers: Sequence[int]) -> str:
@@ -54,9 +43,9 @@ def sink_rate_sentence(data: dict[str, Any]) -> str:
     rate = data["sink_rate"]
     params = data["meta"]["params"]
     main, *stricter = thresholds(data)
-    also = "".join(f" ({_pct(rate[_key(e)])} put more than {e:g})" for e in stricter)
+    also = "".join(f" ({_pct(rate[eps_key(e)])} put more than {e:g})" for e in stricter)
     return (
-        f"Sink rate: {_pct(rate[_key(main)])} of the {n_heads} heads "
+        f"Sink rate: {_pct(rate[eps_key(main)])} of the {n_heads} heads "
         f"({len(mass)} layers x {len(mass[0])}) are sink heads, putting more than {main:g} of "
         f"their attention on the first token{also}, over {params['tokens']} tokens with "
         f"q0 = {params['q0']}."
@@ -88,12 +77,8 @@ def sink_depth_sentence(data: dict[str, Any]) -> str:
 
 
 def top_heads_sentence(data: dict[str, Any], top: int = 5) -> str:
-    mass = data["sink_mass"]
-    ranked = sorted(
-        ((v, layer, h) for layer, row in enumerate(mass) for h, v in enumerate(row) if v == v),
-        reverse=True,
-    )[:top]
-    heads = ", ".join(f"L{layer}H{h} {v:.2f}" for v, layer, h in ranked)
+    ranked = top_heads(data["sink_mass"], top)
+    heads = ", ".join(f"L{layer}H{h} {v:.2f}" for layer, h, v in ranked)
     return f"Top sink heads (layer, head: sink mass): {heads}."
 
 
@@ -116,7 +101,7 @@ def length_sentence(data: dict[str, Any]) -> str | None:
         return None
     a, b = rows[0], rows[-1]
     t0, t1 = a["tokens"], b["tokens"]
-    key = _key(thresholds(data)[0])
+    key = eps_key(thresholds(data)[0])
     ra, rb = a["sink_rate"][key], b["sink_rate"][key]
     if abs(rb - ra) <= 0.01:
         return f"Context length: the sink rate stays near {_pct(rb)} from {t0} to {t1} tokens."

@@ -15,6 +15,7 @@ from typing import Any
 
 from sinklab.errors import SinklabError
 from sinklab.meta import attach_meta
+from sinklab.probe.metrics import top_heads
 from sinklab.report.stages import (
     Cell,
     FigureSpec,
@@ -92,11 +93,7 @@ def _probe_tables(data: dict[str, Any]) -> list[TableSpec]:
         ("eps", "sink rate"),
         tuple((Cell(k), Cell(None, ("sink_rate", k))) for k in sorted(data["sink_rate"])),
     )
-    mass = data["sink_mass"]
-    ranked = sorted(
-        ((lay, h) for lay, row in enumerate(mass) for h, m in enumerate(row) if m == m),
-        key=lambda lh: -mass[lh[0]][lh[1]],
-    )[:10]
+    ranked = top_heads(data["sink_mass"], 10)
     top = TableSpec(
         "Top sink heads (largest sink mass)",
         ("layer", "head", "sink mass", "diagonal mass", "value-norm ratio", "sink output share"),
@@ -109,7 +106,7 @@ def _probe_tables(data: dict[str, Any]) -> list[TableSpec]:
                 Cell(None, ("value_norm_ratio", lay, h)),
                 Cell(None, ("sink_output_share", lay, h)),
             )
-            for lay, h in ranked
+            for lay, h, _ in ranked
         ),
     )
     positions = TableSpec(
@@ -151,7 +148,7 @@ def _probe_tables(data: dict[str, Any]) -> list[TableSpec]:
                 Cell(None, ("token_similarity", layer)),
                 Cell(None, ("first_token_norm_ratio", layer)),
             )
-            for layer in range(len(mass))
+            for layer in range(len(data["sink_mass"]))
         ),
     )
     return [rates, top, positions, per_layer]

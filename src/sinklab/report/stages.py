@@ -28,6 +28,7 @@ import torch
 from sinklab.corpus import Text, token_stream
 from sinklab.errors import SinklabError
 from sinklab.models import LoadedModel
+from sinklab.probe.metrics import nan_mean
 from sinklab.probe.spec import DEFAULT_EPS
 
 Progress = Callable[[float, str], None]  # (fraction of this stage done in [0, 1], short note)
@@ -322,9 +323,9 @@ def aggregate(values: Any, agg: str | None) -> Any:
     if agg.startswith("count:"):
         return sum(v == agg.removeprefix("count:") for v in _flatten(values))
     flat = [float(v) for v in _flatten(values)]
-    finite = [v for v in flat if v == v]  # NaN-safe, like the library's nanmean
     if agg == "mean":
-        return sum(finite) / len(finite) if finite else float("nan")
+        return nan_mean(flat)
+    finite = [v for v in flat if v == v]  # NaN-safe, like the mean
     if agg == "max":
         return max(finite) if finite else float("nan")
     if agg == "argmax":
