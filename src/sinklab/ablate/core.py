@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -125,6 +125,13 @@ class AblationResult:
     plot: Callable[[dict[str, Any], Path], Any] | None = field(
         default=None, repr=False, compare=False
     )
+    shape: tuple[int, int] = (1, 0)  # (texts, tokens) of the ids it read
+
+    def params(self) -> dict[str, Any]:
+        """``meta.params``: the config's fields, the experiment and the input's size."""
+        texts, tokens = self.shape
+        return {**asdict(self.config), "experiment": self.experiment, "tokens": tokens,
+                "texts": texts}  # fmt: skip
 
     def to_json(self) -> dict[str, Any]:
         return {

@@ -172,7 +172,8 @@ def run_experiment(
     seconds = time.perf_counter() - start
     log.info("ablate %s: %.1fs: %s", name, seconds, finding)
     # meta: the caller's (sinklab.meta.attach_meta)
-    return AblationResult(name, config, conditions, finding, extra, plot=record.draw)
+    shape = (int(ids.shape[0]), int(ids.shape[1]))
+    return AblationResult(name, config, conditions, finding, extra, plot=record.draw, shape=shape)
 
 
 def experiments_for_claim(claim_id: str) -> tuple[Experiment, ...]:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import time
-from dataclasses import asdict
 from pathlib import Path
 from typing import Annotated
 
@@ -181,16 +180,11 @@ def ablate(
             config,
             callback=bars.callback(experiment),  # (done, total)
         )
-    params = {
-        **asdict(config),
-        "experiment": experiment,
-        "tokens": tokens,
-        "texts": int(ids.shape[0]),
-    }
-    data = attach_meta(result, loaded.info, txt, params, time.perf_counter() - start).to_json()
+    seconds = time.perf_counter() - start
+    data = attach_meta(result, loaded.info, txt, result.params(), seconds).to_json()
 
-    def figure(folder: Path) -> list[Path]:
-        result.figure(folder / f"{experiment}.png")  # its numbers go to {experiment}.json beside
+    def figure(folder: Path) -> list[Path]:  # its numbers go to {experiment}.json beside
+        result.figure(folder / f"{experiment}.png")
         return [folder / f"{experiment}.png"]
 
     path, figure_path = write_results(out, "ablate", {"ablate.json": data}, figure)

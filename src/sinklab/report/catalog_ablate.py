@@ -4,7 +4,6 @@ caption: :mod:`sinklab.ablate.registry`), its JSON, figure and finding."""
 from __future__ import annotations
 
 import time
-from dataclasses import asdict
 from typing import Any
 
 from sinklab import figures
@@ -73,8 +72,8 @@ def _run(name: str):
 
         start = time.perf_counter()
         result = run_experiment(name, ctx.loaded.model, ctx.loaded.tokenizer, ids, config, callback)
-        params = {**asdict(config), "experiment": name, "tokens": n, "texts": int(ids.shape[0])}
-        attach_meta(result, ctx.loaded.info, ctx.text, params, time.perf_counter() - start)
+        seconds = time.perf_counter() - start
+        attach_meta(result, ctx.loaded.info, ctx.text, result.params(), seconds)
         data = result.to_json()
         png = ctx.figures_dir / f"{name}.png"
         result.figure(png)
