@@ -9,7 +9,7 @@ import torch.nn.functional as F
 
 from conftest import make_tiny_model
 from helpers import assert_one_line_error, run_main
-from sinklab.ablate import EXPERIMENTS, AblationConfig, perplexity, run_experiment
+from sinklab.ablate import EXPERIMENTS, AblationConfig, get_experiment, perplexity, run_experiment
 from sinklab.errors import SinklabError
 from sinklab.interventions import first_token
 
@@ -27,6 +27,9 @@ def test_each_experiment_end_to_end(tiny, tiny_tokenizer, tmp_path, name):
     res = run_experiment(name, tiny, tiny_tokenizer, ids, config, lambda d, t: calls.append(d))
     data = json.loads(json.dumps(res.to_json()))
     assert data["experiment"] == name and res.config.grid == 4
+    texts = 2 if get_experiment(name).texts else 1  # one row unless the record reads several
+    assert res.params() == {**res.config.__dict__, "experiment": name, "tokens": 20,
+                            "texts": texts}  # fmt: skip
     assert data["meta"] == {}  # a bare result: the caller attaches meta (sinklab.meta.attach_meta)
     assert data["conditions"] and isinstance(data["finding"], str) and "\n" not in data["finding"]
     assert calls
