@@ -108,3 +108,11 @@ def arch_model(family: str, seed: int = 0, attn: str = "eager", **overrides: Any
         arch_config(family, **overrides), attn_implementation=attn, dtype=torch.float32
     )
     return model.eval()
+
+
+def save_arch_model(family: str, folder, tokenizer, **overrides: Any):
+    """:func:`arch_model` (vocab sized to ``tokenizer``) saved with ``tokenizer`` into ``folder``,
+    for ``--model DIR``; returns ``folder``."""
+    arch_model(family, vocab_size=len(tokenizer), **overrides).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder

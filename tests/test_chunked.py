@@ -160,6 +160,62 @@ def test_chunked_refuses_what_the_cache_refuses(tiny_model_factory, family, over
     assert _message(lambda: chunked_nll(model, _ids(10), cfg)) == want
 
 
+REFUSAL_ROWS = [  # (archs family, overrides, a phrase of the refusal; None: chunked serves it)
+    ("llama", {}, None),
+    ("mistral", {"sliding_window": 9}, None),  # every layer slides, 2 + 6 fits inside 9
+    ("gemma2", {}, "sliding-window or NoPE layers"),  # hybrid: sliding + global layers
+    ("smollm3", {}, "sliding-window or NoPE layers"),  # a NoPE layer
+    ("gpt_oss", {"layer_types": ["full_attention"] * 2}, "learned sink logits"),  # no window
+    ("falcon", {}, "does not dispatch attention"),
+    ("gpt2", {}, "learned absolute position embeddings"),  # the sink cache's own refusal
+]
+
+
+@pytest.mark.parametrize(("family", "overrides", "phrase"), REFUSAL_ROWS)
+def test_chunked_refusal_is_the_one_decision_made_before_any_forward(family, overrides, phrase):
+    """chunked_refusal decides from the model alone; chunked_nll refuses with exactly its reason
+    before the model runs (or equals the step loop), and StreamConfig's methods follow it."""
+    from archs import arch_model
+    from sinklab.chunked import chunked_refusal
+
+    model, cfg, ids = arch_model(family, **overrides), CacheConfig("sink", 2, 6), _ids(24) % 120
+    forwards = []
+    model.register_forward_pre_hook(lambda *a: forwards.append(1))
+    reason = chunked_refusal(model, cfg)
+    assert not forwards
+    auto = StreamConfig(("sink",), 2, 6, 24)
+    explicit = StreamConfig(("sink",), 2, 6, 24, method="chunked")
+    if phrase is None:
+        assert reason is None
+        assert auto.choose_method(model)[0] == explicit.check_model(model)[0] == "chunked"
+        got, _, _ = chunked_nll(model, ids, cfg, chunk=8)
+        want, _, _ = stream_nll(model, ids, cfg)
+        torch.testing.assert_close(got, want, atol=TOL, rtol=TOL)
+        return
+    assert phrase in reason and "\n" not in reason
+    assert _message(lambda: chunked_nll(model, ids, cfg)) == reason
+    assert _message(lambda: explicit.check_model(model)) == reason
+    assert not forwards
+    method, why = auto.choose_method(model)
+    assert method == "step" and why == "auto: " + reason.split("; ")[0]
+
+
+def test_auto_runs_the_batched_oracle_on_a_hybrid_when_it_streams_alone():
+    """The oracle has no cache, so auto picks chunked (its batched windows) for recompute alone,
+    even on gemma2 (sliding + global layers), where that equals one window per forward; with a
+    cached policy beside it (dense included: chunked scores every layer as global), step."""
+    from archs import arch_model
+
+    model, ids = arch_model("gemma2"), _ids(30) % 120
+    assert StreamConfig(("recompute",), 2, 6, 30).choose_method(model)[0] == "chunked"
+    for other in ("dense", "sink"):
+        assert StreamConfig(("recompute", other), 2, 6, 30).choose_method(model)[0] == "step"
+    want, _, _ = recompute_nll(model, ids, 2, 6, 3)
+    got, _, _ = recompute_nll_batched(model, ids, 2, 6, 3, 4)
+    assert torch.equal(got.isnan(), want.isnan())
+    assert float((got - want).nan_to_num().abs().max()) <= TOL
+
+
 def test_bad_method_and_chunk():
     with pytest.raises(SinklabError, match="unknown method"):
         StreamConfig(method="fast")

@@ -240,6 +240,43 @@ def band_attention(model: nn.Module, state: BandState) -> Iterator[nn.Module]:
         model.set_attn_implementation(previous)
 
 
+# ------------------------------------------------------------------ what it serves
+MIXED = (
+    "chunked streaming scores every layer as global RoPE attention, and this model has "
+    "sliding-window or NoPE layers; use --method step"
+)
+
+
+def chunked_refusal(model: nn.Module, cache_config: CacheConfig) -> str | None:
+    """Why :func:`chunked_nll` cannot stream ``model`` with ``cache_config``, in one line, or None
+    when it can: decided from the config and modules alone, before any forward. The reasons, in
+    the order they are checked: what :class:`SinkCache` refuses (the step loop refuses it too);
+    sliding-window or NoPE layers (every layer is scored as global RoPE attention; a sliding
+    window on every layer is served when the sink cache is bounded and fits inside it); a model
+    whose attention does not go through transformers' ``AttentionInterface``; attention that is
+    not plain softmax (gpt-oss's learned ``sinks``, the lab's variants)."""
+    try:
+        cache = SinkCache(model, cache_config)  # the same refusals (architecture, sizes) as step
+    except SinklabError as exc:
+        return str(exc)
+    kinds = layer_kinds(decoder_config(model))
+    windowed = any(k.window is not None for k in kinds)  # all-sliding + a sink cache: checked
+    if not all(k.rotary for k in kinds) or (windowed and (cache.hybrid or cache.capacity is None)):
+        return MIXED
+    try:
+        check_supported(model)
+    except SinklabError as exc:
+        return str(exc)
+    for m in attention_modules(model) or ():
+        variant = getattr(m, "attention_variant", "softmax")
+        if variant != "softmax" or isinstance(getattr(m, "sinks", None), Tensor):
+            return (
+                "chunked streaming supports plain softmax attention only, and this model's "
+                f"{type(m).__name__} adds learned sink logits or another variant; use --method step"
+            )
+    return None
+
+
 # ------------------------------------------------------------------ the loop
 def most_kept(n_seen: int, sinks: tuple[int, ...], recent: int | None) -> int:
     """``len(kept_positions(n_seen, sinks, recent))`` without listing them (it never shrinks)."""
@@ -268,16 +305,13 @@ def chunked_nll(
     positions restart at ``kept`` (the stored keys rotated back once). Chunks end there."""
     if chunk < 1:
         raise SinklabError(f"chunk must be a positive integer, got {chunk}")
-    cache = SinkCache(model, cache_config)  # the same refusals (architecture, sizes) as step
-    kinds = layer_kinds(decoder_config(model))
-    windowed = any(k.window is not None for k in kinds)  # all-sliding + a sink cache: checked
-    if not all(k.rotary for k in kinds) or (windowed and (cache.hybrid or cache.capacity is None)):
-        raise SinklabError(
-            "chunked streaming scores every layer as global RoPE attention, and this model has "
-            "sliding-window or NoPE layers; use --method step"
-        )
+    reason = chunked_refusal(model, cache_config)
+    if reason is not None:
+        raise SinklabError(reason)
+    cache = SinkCache(model, cache_config)
+    n_layers = len(layer_kinds(decoder_config(model)))
     sinks, recent = cache.config.sinks, cache.config.recent
-    state = BandState(cache.rope, len(kinds))
+    state = BandState(cache.rope, n_layers)
     dev = input_device(model)
     ids = ids.reshape(-1)
     n = ids.numel() - 1

@@ -1,6 +1,7 @@
-"""Streaming perplexity, presented once: the running-perplexity curve and figure, the summary
-sentence and the per-policy lines. ``sinklab stream`` and the report's stream section both call
-these, reading sizes from the result's own ``meta.params``."""
+"""Streaming perplexity, presented once: the running-perplexity curve and figure, the block
+(segment) perplexity figure, where dense collapses, the summary sentence and the per-policy
+lines. ``sinklab stream`` and the report's stream section both call these, reading sizes from the
+result's own ``meta.params``."""
 
 from __future__ import annotations
 
@@ -9,6 +10,14 @@ from pathlib import Path
 from typing import Any
 
 FIGURE = "running_ppl"
+BLOCK_FIGURE = "block_ppl"
+COLLAPSE = 2.0  # dense "collapses" in the first block whose PPL exceeds COLLAPSE x sink's
+
+
+def block_size(tokens: int) -> int:
+    """Default targets per entry of ``segment_ppl`` (a point of the block figure): about 40
+    points, at least 50 tokens, a multiple of 10."""
+    return max(50, int(round(tokens / 40, -1)))
 
 
 def running_ppl(nll: list[float]) -> list[float]:
@@ -43,6 +52,66 @@ def plot_running_ppl(data: dict[str, Any], folder: Path) -> Path:
     )
 
 
+def dense_collapse(data: dict[str, Any]) -> dict[str, Any] | None:
+    """Where dense collapses, by the rule fixed before any number (:data:`COLLAPSE`): the first
+    block of ``segment`` targets (``meta.params``) whose dense PPL exceeds COLLAPSE x sink's on
+    the same block. None when either policy is missing; ``at_token`` None when dense never
+    collapses."""
+    pols = data["policies"]
+    if "dense" not in pols or "sink" not in pols:
+        return None
+    block = data["meta"]["params"]["segment"]
+    dense, sink = pols["dense"]["segment_ppl"], pols["sink"]["segment_ppl"]
+    at = next(
+        (i for i, (d, s) in enumerate(zip(dense, sink, strict=True)) if d > COLLAPSE * s), None
+    )
+    return {
+        "rule": f"first block of {block} tokens with dense PPL > {COLLAPSE:g} x sink PPL",
+        "block": block,
+        "at_token": None if at is None else at * block,
+        "dense_ppl": None if at is None else dense[at],
+        "sink_ppl": None if at is None else sink[at],
+    }
+
+
+def collapse_sentence(data: dict[str, Any]) -> str | None:
+    """:func:`dense_collapse`'s verdict (``data["dense_collapse"]``) in one sentence, or None."""
+    where = data.get("dense_collapse")
+    if not where:
+        return None
+    if where["at_token"] is None:
+        return "Dense does not collapse within this stream by the rule fixed beforehand."
+    return (
+        f"By the rule fixed beforehand ({where['rule']}), dense collapses at token "
+        f"{where['at_token']}."
+    )
+
+
+def plot_block_ppl(data: dict[str, Any], folder: Path) -> Path:
+    """Perplexity of each block of ``segment`` targets, every cached policy (recompute, scored on
+    every K-th target only, is left out), log scale, the model's trained positions dashed when the
+    stream passes them; ``folder/block_ppl.png`` + its numbers as JSON."""
+    from sinklab import figures
+
+    block = data["meta"]["params"]["segment"]
+    model = data["meta"].get("model") or {}
+    cached = {n: r["segment_ppl"] for n, r in data["policies"].items() if n != "recompute"}
+    if not cached:  # recompute alone: its blocks, then
+        cached = {n: r["segment_ppl"] for n, r in data["policies"].items()}
+    n = max(len(v) for v in cached.values())
+    max_pos = model.get("max_positions")
+    return figures.curves(
+        [(i + 1) * block for i in range(n)],
+        cached,
+        Path(folder) / f"{BLOCK_FIGURE}.png",
+        title=f"Perplexity of each {block} tokens ({model.get('name', 'model')})",
+        xlabel="tokens streamed",
+        ylabel="block perplexity (log)",
+        logy=True,
+        vline=max_pos if max_pos and max_pos < n * block else None,
+    )
+
+
 def _num(x: float) -> str:
     return f"{x:.1f}" if abs(x) >= 10 else f"{x:.2f}"
 
@@ -70,6 +139,11 @@ def stream_sentence(data: dict[str, Any]) -> str | None:
             f"{_num(sub['ppl']['sink'])} vs recompute {_num(sub['ppl']['recompute'])}."
         )
     return out
+
+
+def method_line(data: dict[str, Any]) -> str:
+    """The method the stream ran by and why (``method: step (auto: ...)``)."""
+    return f"method: {data['method']} ({data['method_reason']})"
 
 
 def policy_lines(data: dict[str, Any]) -> list[str]:

@@ -17,9 +17,12 @@ Protocol (Xiao et al., StreamingLLM): feed the text one token at a time; after r
 
 Two methods compute the same NLLs (``StreamConfig.method``): ``step`` feeds one token per forward
 through a :class:`~sinklab.cache.SinkCache` and runs the oracle one target per forward (the
-reference); ``chunked`` (the default) reads ``chunk`` tokens per forward with a per-query band
-mask and re-indexed sinks (:mod:`sinklab.chunked`, exact: every token sees what it would have
-seen token by token) and batches the oracle's windows (:mod:`sinklab.oracle`).
+reference); ``chunked`` reads ``chunk`` tokens per forward with a per-query band mask and
+re-indexed sinks (:mod:`sinklab.chunked`, exact: every token sees what it would have seen token
+by token) and batches the oracle's windows (:mod:`sinklab.oracle`). ``auto`` (the default) is
+chunked where :func:`sinklab.chunked.chunked_refusal` finds nothing against the model, else step
+(hybrid sliding-window models, NoPE layers, learned sink logits), decided before any work by
+:meth:`StreamConfig.choose_method`; the result records the method run and why.
 """
 
 from __future__ import annotations
@@ -36,7 +39,7 @@ from torch import Tensor
 
 from sinklab.arch import input_device
 from sinklab.cache import POLICIES, CacheConfig, SinkCache
-from sinklab.chunked import DEFAULT_CHUNK, chunked_nll
+from sinklab.chunked import DEFAULT_CHUNK, chunked_nll, chunked_refusal
 from sinklab.errors import SinklabError
 from sinklab.memory import rss_mb
 from sinklab.oracle import recompute_nll, recompute_nll_batched
@@ -56,7 +59,7 @@ log = logging.getLogger(__name__)
 #: callback(policy, done, total, running_ppl): called every few tokens and at the end
 StreamCallback = Callable[[str, int, int, float], None]
 _EVERY = 16  # callback / RSS sampling period, in tokens
-METHODS = ("chunked", "step")  # same NLLs; step is the token-by-token reference
+METHODS = ("auto", "chunked", "step")  # same NLLs; step is the token-by-token reference
 
 
 @dataclass(frozen=True)
@@ -70,7 +73,7 @@ class StreamConfig:
     recompute_every: int = 1  # score the recompute oracle on every K-th target only
     probe_tokens: int = 256  # sink-auto: prefix on which sinks are measured
     segment: int = 1000  # tokens per entry of segment_ppl
-    method: str = "chunked"  # chunked (C queries per forward) | step (one token per forward)
+    method: str = "auto"  # chunked (C queries per forward) | step (one token a forward) | auto
     chunk: int = DEFAULT_CHUNK  # chunked: queries per forward
     # chunked: recompute windows per forward (step: one at a time). On CPU a 513-token window is
     # already matmul-bound: 16 per forward cost 1.32 vs 1.14 CPU s a target (SmolLM2, one thread,
@@ -101,12 +104,39 @@ class StreamConfig:
         if self.n_tokens < 2:
             raise SinklabError(f"tokens must be at least 2, got {self.n_tokens}")
 
-    def check_model(self, model: Any) -> None:
-        """Refuse, before any work, a model whose keys the sink cache cannot move (one-line
-        reason). ``dense`` moves no key, so it alone streams every model."""
+    def check_model(self, model: Any) -> tuple[str, str]:
+        """Refuse, before any work, a model whose keys the sink cache cannot move, or that
+        ``method="chunked"`` cannot serve (one-line reason). ``dense`` moves no key, so it alone
+        streams every model. -> :meth:`choose_method`'s (method, why)."""
         moving = [p for p in self.policies if p in ("window", "sink", "sink-auto")]
         if moving:
             SinkCache(model, self.cache_config("window" if moving == ["window"] else "sink"))
+        return self.choose_method(model)
+
+    def choose_method(self, model: Any) -> tuple[str, str]:
+        """The method this run uses on ``model`` and why, before any work: ``step`` as asked;
+        ``chunked`` as asked (SinklabError, one line, when :func:`chunked_refusal` refuses a
+        policy's cache); ``auto``: chunked unless it refuses, then step. (recompute needs no
+        cache: chunked batches its windows on every model.)"""
+        if self.method == "step":
+            return "step", "asked for"
+        configs = dict.fromkeys(  # sink-auto's sinks come later; its cache has sink's sizes
+            self.cache_config("sink" if p == "sink-auto" else p)
+            for p in self.policies
+            if p != "recompute"
+        )
+        reasons = [r for c in configs if (r := chunked_refusal(model, c))]
+        if self.method == "chunked":
+            if reasons:
+                raise SinklabError(reasons[0])
+            return "chunked", "asked for"
+        if reasons:
+            why = reasons[0].split("; ")[0]  # the reason without its advice
+            return "step", f"auto: {why}"
+        return (
+            "chunked",
+            "auto: chunked serves this model (many tokens a forward, the same NLLs as step)",
+        )
 
     def cache_config(self, policy: str, sinks: Sequence[int] | None = None) -> CacheConfig:
         auto = tuple(sinks) if policy == "sink-auto" else None
@@ -139,6 +169,8 @@ class StreamResult:
     config: StreamConfig
     policies: dict[str, PolicyResult]
     meta: dict[str, Any] = field(default_factory=dict)
+    method: str = ""  # the method run (config.method may say auto)
+    method_reason: str = ""  # why that one (StreamConfig.choose_method)
 
     def scored_ppl(self) -> dict[str, float]:
         """Each policy's perplexity on the targets every policy scored (the recompute subset)."""
@@ -148,6 +180,7 @@ class StreamResult:
 
     def to_json(self) -> dict[str, Any]:
         data: dict[str, Any] = {"meta": self.meta}
+        data.update(method=self.method, method_reason=self.method_reason)
         data["policies"] = {p: r.to_json() for p, r in self.policies.items()}
         if "recompute" in self.policies:
             data["on_recompute_targets"] = {
@@ -228,12 +261,14 @@ def run_policy(
     callback: Callable[[int, int, float], None] | None = None,
     out: Tensor | None = None,
     period: int = _EVERY,
+    method: str | None = None,
 ) -> tuple[Tensor, int | None, float, tuple[int, ...] | None]:
-    """One policy on ``ids`` (T,) by ``config.method`` -> (nll (T-1,) NaN where unscored, most
-    positions cached (None: recompute has no cache), peak sampled RSS MiB, sink-auto's sinks).
+    """One policy on ``ids`` (T,) by ``method`` (chunked | step; None: ``config``'s choice,
+    :meth:`StreamConfig.choose_method`) -> (nll (T-1,) NaN where unscored, most positions cached
+    (None: recompute has no cache), peak sampled RSS MiB, sink-auto's sinks).
     ``callback(done, total, running_ppl)``; ``out`` (T-1,) float64 is filled as the loop goes;
     ``period``: tokens (targets) between callbacks of the one-per-forward loops."""
-    chunked = config.method == "chunked"
+    chunked = (method or config.choose_method(model)[0]) == "chunked"
     if policy == "recompute":
         args = (model, ids, config.n_sink, config.window, config.recompute_every)
         if chunked:
@@ -267,11 +302,12 @@ def streaming_perplexity(
     ids = torch.as_tensor(ids).reshape(-1).long()
     if ids.numel() < 2:
         raise SinklabError(f"need at least 2 tokens to score one, got {ids.numel()}")
+    method, why = config.choose_method(model)
     results: dict[str, PolicyResult] = {}
     for policy in config.policies:
         tick = None if callback is None else (lambda d, n, p, _p=policy: callback(_p, d, n, p))
         t0 = time.perf_counter()
-        nll, most, peak, sinks = run_policy(model, ids, config, policy, tick)
+        nll, most, peak, sinks = run_policy(model, ids, config, policy, tick, method=method)
         seconds = time.perf_counter() - t0
         scored = int((~nll.isnan()).sum())
         results[policy] = PolicyResult(
@@ -287,4 +323,4 @@ def streaming_perplexity(
             recompute_every=config.recompute_every if policy == "recompute" else None,
         )
         log.info("%s: ppl %.2f, %.1f tok/s", policy, results[policy].ppl, scored / seconds)
-    return StreamResult(config, results)
+    return StreamResult(config, results, method=method, method_reason=why)

@@ -1,4 +1,4 @@
-"""``sinklab stream``: streaming perplexity per cache policy, its JSON and running-PPL figure."""
+"""``sinklab stream``: streaming perplexity per cache policy, its JSON and two figures."""
 
 from __future__ import annotations
 
@@ -72,17 +72,27 @@ def stream(
         str,
         typer.Option(
             "--method",
-            help="chunked: many tokens per forward, same NLLs as step; step: one token per "
-            "forward (the reference, ~20x slower).",
+            help="auto: chunked where it serves the model, else step; chunked: many tokens per "
+            "forward, same NLLs as step (refuses hybrid sliding-window and NoPE models); step: "
+            "one token per forward (the reference, ~20x slower).",
         ),
-    ] = "chunked",
+    ] = "auto",
+    segment: Annotated[
+        int | None,
+        typer.Option(
+            "--segment",
+            help="Targets per entry of segment_ppl and per point of block_ppl.png "
+            "(default: about 40 blocks, at least 50 tokens).",
+        ),
+    ] = None,
 ) -> None:
     """Streaming perplexity, StreamingLLM's protocol: read one token, score the next, evict.
 
-    Writes OUT/stream.json (meta; per policy ppl, segment_ppl, nll, tokens_per_s, peak_rss_mb,
-    max_cache_len) and OUT/running_ppl.png (+ .json). ``--method step`` (one token per forward,
-    ~65 ms per token per policy on SmolLM2 with 2 cores) and the default ``chunked`` give the same
-    NLLs.
+    Writes OUT/stream.json (meta; the method run and why; per policy ppl, segment_ppl, nll,
+    tokens_per_s, peak_rss_mb, max_cache_len; where dense collapses), OUT/running_ppl.png and
+    OUT/block_ppl.png (+ .json). ``--method step`` (one token per forward, ~65 ms per token per
+    policy on SmolLM2 with 2 cores) and ``chunked`` give the same NLLs; the default ``auto`` runs
+    chunked where it serves the model, else step (hybrid sliding-window models, NoPE layers).
 
     Example: sinklab stream --policy window,sink --tokens 4000 --n-sink 4 --window 508
     """
@@ -91,12 +101,26 @@ def stream(
     from sinklab.meta import attach_meta
     from sinklab.models import load_model
     from sinklab.outputs import check_out, write_results
-    from sinklab.stream_summary import plot_running_ppl, policy_lines
+    from sinklab.stream_summary import (
+        block_size,
+        collapse_sentence,
+        dense_collapse,
+        method_line,
+        plot_block_ppl,
+        plot_running_ppl,
+        policy_lines,
+    )
     from sinklab.streaming import StreamConfig, streaming_perplexity
 
     # cheap checks first: sizes, policies and the text fail before the model loads
     config = StreamConfig(
-        parse_policies(policy), n_sink, window, tokens, recompute_every, method=method
+        parse_policies(policy),
+        n_sink,
+        window,
+        tokens,
+        recompute_every,
+        segment=block_size(tokens) if segment is None else segment,
+        method=method,
     )
     out = check_out(out, "stream")
     txt = load_text(text)
@@ -104,14 +128,14 @@ def stream(
         loaded = load_model(model, dtype=dtype, device=device, trust_remote_code=trust_remote_code)
         if "dense" in config.policies:
             check_positions(loaded.info, tokens, "--tokens", " (the dense policy keeps them all)")
-        config.check_model(loaded.model)
+        chosen, _ = config.check_model(loaded.model)  # refusals here, before any work
         ids = token_stream(txt, loaded.tokenizer, tokens)
     start = time.perf_counter()
     with progress() as bars:
         ticks = {  # rates in scored targets a second (the oracle scores every K-th)
-            p: bars.callback(p, tokens - 1, unit="tok", scale=1 / recompute_every)
+            p: bars.callback(f"{p} ({chosen})", tokens - 1, unit="tok", scale=1 / recompute_every)
             if p == "recompute"
-            else bars.callback(p, tokens - 1, unit="tok")
+            else bars.callback(f"{p} ({chosen})", tokens - 1, unit="tok")
             for p in config.policies
         }
         result = streaming_perplexity(
@@ -121,11 +145,16 @@ def stream(
             lambda pol, done, total, ppl: ticks[pol](done, total, f"ppl {ppl:.2f}"),
         )
     data = attach_meta(result, loaded.info, txt, config, time.perf_counter() - start).to_json()
+    data["dense_collapse"] = dense_collapse(data)
     written = write_results(
-        out, "stream", {"stream.json": data}, lambda folder: [plot_running_ppl(data, folder)]
+        out,
+        "stream",
+        {"stream.json": data},
+        lambda folder: [plot_running_ppl(data, folder), plot_block_ppl(data, folder)],
     )
-    for line in policy_lines(data):
-        stderr.print(line, highlight=False)
+    for line in [method_line(data), *policy_lines(data), collapse_sentence(data)]:
+        if line:
+            stderr.print(line, highlight=False)
     stderr.print("wrote " + " and ".join(map(str, written)))
 
 

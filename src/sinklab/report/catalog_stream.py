@@ -5,7 +5,6 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from sinklab import figures
 from sinklab.report.stages import (
     Cell,
     FigureSpec,
@@ -16,9 +15,16 @@ from sinklab.report.stages import (
     TableSpec,
     reproduce_dir,
 )
+from sinklab.stream_summary import (
+    block_size,
+    collapse_sentence,
+    dense_collapse,
+    method_line,
+    plot_block_ppl,
+    plot_running_ppl,
+)
 
 POLICIES = ("dense", "window", "sink", "sink-auto", "recompute")
-COLLAPSE = 2.0  # dense "collapses" in the first block whose PPL exceeds COLLAPSE x sink's
 
 
 def _params(ctx: StageContext) -> dict[str, Any]:
@@ -29,14 +35,9 @@ def _params(ctx: StageContext) -> dict[str, Any]:
         "n_sink": c.n_sink,
         "window": c.window,
         "recompute_every": c.recompute_every,
-        "method": "chunked",
-        "block": _block(ctx.cap_tokens(c.stream_tokens)),
+        "method": "auto",
+        "segment": block_size(ctx.cap_tokens(c.stream_tokens)),
     }
-
-
-def _block(tokens: int) -> int:
-    """Tokens per point of the block-perplexity figure: about 40 points, at least 50 tokens."""
-    return max(50, int(round(tokens / 40, -1)))
 
 
 def _command(ctx: StageContext) -> list[str]:
@@ -58,6 +59,8 @@ def _command(ctx: StageContext) -> list[str]:
         str(p["window"]),
         "--recompute-every",
         str(p["recompute_every"]),
+        "--segment",
+        str(p["segment"]),
         "--method",
         p["method"],
         "--out",
@@ -76,7 +79,7 @@ def _run(ctx: StageContext) -> StageOutput:
         window=p["window"],
         n_tokens=p["tokens"],
         recompute_every=p["recompute_every"],
-        segment=p["block"],
+        segment=p["segment"],
         method=p["method"],
     )
     # progress weights ~ work: a chunked token each; an oracle target re-reads the whole window
@@ -93,66 +96,24 @@ def _run(ctx: StageContext) -> StageOutput:
     result = streaming_perplexity(ctx.loaded.model, ctx.ids(p["tokens"]), config, callback)
     attach_meta(result, ctx.loaded.info, ctx.text, config, time.perf_counter() - start)
     data = result.to_json()
-    data["dense_collapse"] = dense_collapse(data, p["block"])
+    data["dense_collapse"] = dense_collapse(data)
     figs = [_figure(ctx, data), _block_figure(ctx, data)]
     return StageOutput(data, figs, [_table(data)], _notes(data))
 
 
-def dense_collapse(data: dict[str, Any], block: int) -> dict[str, Any] | None:
-    """Where dense collapses, by the rule fixed before any number (:data:`COLLAPSE`): the first
-    block of ``block`` targets whose dense PPL exceeds COLLAPSE x sink's on the same block.
-    None when either policy is missing; ``at_token`` None when dense never collapses."""
-    pols = data["policies"]
-    if "dense" not in pols or "sink" not in pols:
-        return None
-    dense, sink = pols["dense"]["segment_ppl"], pols["sink"]["segment_ppl"]
-    at = next(
-        (i for i, (d, s) in enumerate(zip(dense, sink, strict=True)) if d > COLLAPSE * s), None
-    )
-    return {
-        "rule": f"first block of {block} tokens with dense PPL > {COLLAPSE:g} x sink PPL",
-        "block": block,
-        "at_token": None if at is None else at * block,
-        "dense_ppl": None if at is None else dense[at],
-        "sink_ppl": None if at is None else sink[at],
-    }
-
-
 def _block_figure(ctx: StageContext, data: dict[str, Any]) -> FigureSpec:
-    p, pols = _params(ctx), data["policies"]
-    cached = {n: r["segment_ppl"] for n, r in pols.items() if n != "recompute"}
-    n = max(len(v) for v in cached.values())
-    max_pos = getattr(ctx.loaded.model.config, "max_position_embeddings", None)
-    path = figures.curves(
-        [(i + 1) * p["block"] for i in range(n)],
-        cached,
-        ctx.figures_dir / "block_ppl.png",
-        title=f"Perplexity of each {p['block']} tokens ({ctx.loaded.info.name})",
-        xlabel="tokens streamed",
-        ylabel="block perplexity (log)",
-        logy=True,
-        vline=max_pos if max_pos and max_pos < n * p["block"] else None,
-    )
-    where = data.get("dense_collapse") or {}
-    said = (
-        f" By the rule fixed beforehand ({where['rule']}), dense collapses at token "
-        f"{where['at_token']}."
-        if where.get("at_token") is not None
-        else " Dense does not collapse within this stream by the rule fixed beforehand."
-        if where
-        else ""
-    )
+    block = data["meta"]["params"]["segment"]
+    max_pos = (data["meta"].get("model") or {}).get("max_positions")
+    said = collapse_sentence(data)
     line = f" The dashed line marks the model's {max_pos} trained positions." if max_pos else ""
     return FigureSpec(
-        path,
-        f"Perplexity of each block of {p['block']} tokens: where a policy breaks, not the "
-        f"running average that hides it.{line}{said}",
+        plot_block_ppl(data, ctx.figures_dir),
+        f"Perplexity of each block of {block} tokens: where a policy breaks, not the "
+        f"running average that hides it.{line}{' ' + said if said else ''}",
     )
 
 
 def _figure(ctx: StageContext, data: dict[str, Any]) -> FigureSpec:
-    from sinklab.stream_summary import plot_running_ppl
-
     path = plot_running_ppl(data, ctx.figures_dir)
     p = _params(ctx)
     return FigureSpec(
@@ -189,13 +150,14 @@ def _table(data: dict[str, Any]) -> TableSpec:
 
 def _notes(data: dict[str, Any]) -> list[str]:
     sub = data.get("on_recompute_targets")
-    if not sub:
-        return []
-    return [
-        f"recompute re-runs a forward for every {sub['recompute_every']}th target only "
-        f"({sub['n_scored']} targets); compare it with the other policies on those same targets "
-        "(column 'ppl on recompute targets')."
-    ]
+    notes = [method_line(data) + "."]
+    if sub:
+        notes.append(
+            f"recompute re-runs a forward for every {sub['recompute_every']}th target only "
+            f"({sub['n_scored']} targets); compare it with the other policies on those same "
+            "targets (column 'ppl on recompute targets')."
+        )
+    return notes
 
 
 def _cost(c: ReportConfig) -> float:
@@ -212,7 +174,8 @@ def stream_stage() -> Stage:
         "stream",
         "Streaming: perplexity with a bounded cache",
         "StreamingLLM's protocol: the text is fed one token at a time and each next token is "
-        "scored (computed in chunks with the exact same result). dense keeps every key; sink "
+        "scored (computed in chunks where sinklab.chunked serves the model, else token by token: "
+        "the same result). dense keeps every key; sink "
         "keeps the first n_sink tokens plus the window most "
         "recent; window keeps the n_sink + window most recent (same memory, no sinks: the "
         "collapse StreamingLLM warns about); sink-auto keeps the sinks the probe finds on the "
