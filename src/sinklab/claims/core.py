@@ -30,6 +30,7 @@ from sinklab.claims.measure_model import (
 )
 from sinklab.claims.registry import CLAIM_IDS, CLAIMS, Claim, judge
 from sinklab.claims.rules import MIN_SAMPLES, N_RESAMPLES
+from sinklab.corpus import Text, load_text
 from sinklab.errors import SinklabError
 
 log = logging.getLogger(__name__)
@@ -97,6 +98,8 @@ class ClaimsConfig:
             raise SinklabError(f"grid {self.grid} exceeds sensitivity_tokens")
         if len(self.cost_lengths) < 2 or min(self.cost_lengths) < 4:
             raise SinklabError("cost_lengths needs >= 2 lengths, each >= 4 (e.g. 16,32,64)")
+        if self.lab is not None and not Path(self.lab).is_dir():
+            raise SinklabError(f"--lab {self.lab!r} is not a folder; pass a folder of train runs")
 
     @property
     def window_tokens(self) -> int:
@@ -105,6 +108,16 @@ class ClaimsConfig:
 
     def wanted(self) -> tuple[str, ...]:
         return self.claims or CLAIM_IDS
+
+    @property
+    def needs_model(self) -> bool:
+        """Whether a wanted claim is measured on a model (not only in the lab or by cost)."""
+        return any(c not in (*LAB_CLAIMS, "sink-cheaper") for c in self.wanted())
+
+    def read_texts(self) -> list[Text]:
+        """The texts the model claims read (none when no model is needed): a bad text fails
+        here, before any model loads."""
+        return [load_text(t) for t in self.texts] if self.needs_model else []
 
 
 def _filled(text: str, sizes: dict[str, Any]) -> str:
@@ -171,7 +184,7 @@ class ClaimsResult:
 
 def text_samples(tokenizer: Any, config: ClaimsConfig, max_positions: int | None) -> list[Sample]:
     """``windows`` consecutive windows of ``window_tokens`` of each text: [(name, ids (T,))]."""
-    from sinklab.corpus import load_text, token_stream
+    from sinklab.corpus import token_stream
 
     n = config.window_tokens if not max_positions else min(config.window_tokens, max_positions)
     samples = []

@@ -22,7 +22,6 @@ from sinklab.commands.common import (
     split_list,
     stderr,
 )
-from sinklab.errors import SinklabError
 
 COMMAND = "claims"
 
@@ -80,8 +79,6 @@ def claims(
     sinklab claims --claims first-token-sinks,sink-cheaper --lab runs/ --out claims-out
     """
     from sinklab.claims.core import DEFAULT_TEXTS, ClaimsConfig, run_claims
-    from sinklab.claims.measure_lab import LAB_CLAIMS
-    from sinklab.corpus import load_text
     from sinklab.meta import attach_meta
 
     config = ClaimsConfig(
@@ -102,16 +99,13 @@ def claims(
         lab=str(lab) if lab is not None else None,
         seed=seed,
     )
-    if lab is not None and not lab.is_dir():
-        raise SinklabError(f"--lab {str(lab)!r} is not a folder; pass a folder of train runs")
     if out is not None:
         from sinklab.outputs import check_out
 
         out = check_out(out, COMMAND)  # refuse a folder of the user's before any work
-    needs_model = any(c not in (*LAB_CLAIMS, "sink-cheaper") for c in config.wanted())
-    texts_read = [load_text(t) for t in config.texts] if needs_model else []  # bad text: fail now
+    texts_read = config.read_texts()
     loaded = None
-    if needs_model:
+    if config.needs_model:
         from sinklab.models import load_model
 
         with stderr.status("loading model"):

@@ -67,7 +67,6 @@ def _command(ctx: StageContext) -> list[str]:
 def _run(ctx: StageContext) -> StageOutput:
     from sinklab.claims.core import DEFAULT_TEXTS, ClaimsConfig, run_claims
     from sinklab.claims.plots import plot_claims
-    from sinklab.corpus import load_text
     from sinklab.meta import attach_meta
 
     p = _params(ctx)
@@ -88,7 +87,7 @@ def _run(ctx: StageContext) -> StageOutput:
         seed=p["seed"],
     )
     loaded, start = ctx.loaded, time.perf_counter()
-    texts = [load_text(t) for t in config.texts]
+    texts = config.read_texts()
 
     def callback(done: int, total: int, label: str) -> None:
         ctx.progress(done / max(1, total), label)
