@@ -10,7 +10,10 @@ Each cell is OK only when the feature's numbers equal an independent computation
 * ``ablate mask-sink``: runs; its unmasked perplexity equals one computed from the logits, and
   masking the sink in all layers leaves no attention on it;
 * ``stream dense``: the dense policy equals the model's own next-token losses;
-* ``stream chunked``: ``--method chunked`` (8 queries per forward) equals the step loop (1e-4).
+* ``stream chunked``: ``--method chunked`` (8 queries per forward) equals the step loop (1e-4);
+* ``stream (default)``: ``sinklab stream``'s default ``--method auto`` (chunked where
+  :func:`sinklab.chunked.chunked_refusal` finds nothing against the model, else step) runs, and
+  its sink-policy NLLs equal the step loop's (1e-4); the cell names the method auto chose.
 
 A cell may instead be a refusal, one line naming the reason; which cells refuse is stated in
 :data:`REFUSED` (a cell that starts or stops refusing fails). When the whole matrix ran,
@@ -35,7 +38,14 @@ from sinklab.seam import sinklab_attention
 from streamref import naive_logits
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "architectures.md"
-FEATURES = ("probe", "sink cache", "ablate mask-sink", "stream dense", "stream chunked")
+FEATURES = (
+    "probe",
+    "sink cache",
+    "ablate mask-sink",
+    "stream dense",
+    "stream chunked",
+    "stream (default)",
+)
 
 #: rows beyond one per family: (row name, family, config overrides)
 VARIANTS = {
@@ -83,6 +93,7 @@ REFUSED = {
     **{(r, "stream chunked"): _MIXED for r in (*_HYBRIDS, "smollm3")},
     **{(r, "sink cache"): why for r, why in _CACHE.items()},
     **{(r, "stream chunked"): why for r, why in _CACHE.items()},
+    **{(r, "stream (default)"): why for r, why in _CACHE.items()},
 }
 
 RESULTS: dict[tuple[str, str], str] = {}
@@ -121,7 +132,11 @@ def render(results: dict[tuple[str, str], str]) -> str:
         "  logits, and masking the sink in every layer leaves attention on it only from query 0;",
         "- **stream dense**: the dense policy's losses equal the model's own;",
         "- **stream chunked**: `stream --method chunked` (8 queries a forward) equals the",
-        "  token-by-token step loop to 1e-4 (sink policy, 2 + 6, 40 tokens).",
+        "  token-by-token step loop to 1e-4 (sink policy, 2 + 6, 40 tokens);",
+        "- **stream (default)**: `sinklab stream` with its default `--method auto` (chunked",
+        "  where chunked streaming serves the model, else the step loop; the cell names which)",
+        "  runs, and its NLLs equal the step loop's to 1e-4 (sink policy, 2 + 6, 40 tokens).",
+        "  Hybrid sliding-window models and NoPE layers stream this way with the step loop.",
         "",
         "A refusal is a one-line error naming the reason; nothing is listed as working",
         "without a test.",
@@ -155,7 +170,7 @@ def _record(row: str, feature: str, run) -> None:
     """Run a cell: OK, or a refusal that must be the stated one (and on one line)."""
     expected = REFUSED.get((row, feature))
     try:
-        run()
+        note = run()
     except SinklabError as exc:
         msg = str(exc)
         if expected is None or expected not in msg or "\n" in msg:
@@ -163,7 +178,7 @@ def _record(row: str, feature: str, run) -> None:
         RESULTS[(row, feature)] = f"refused: {msg}"
         return
     assert expected is None, f"{row} / {feature} no longer refuses ({expected!r}): update REFUSED"
-    RESULTS[(row, feature)] = "OK"
+    RESULTS[(row, feature)] = "OK" if note is None else f"OK ({note})"
 
 
 def _impl(model) -> str:
@@ -287,3 +302,23 @@ def test_stream_chunked(built, row):
         assert most == most_step == 8
 
     _record(row, "stream chunked", run)
+
+
+@pytest.mark.parametrize("row", ROWS)
+def test_stream_default(built, row):
+    from sinklab.streaming import StreamConfig, stream_nll, streaming_perplexity
+
+    model, ids = built(row), _ids(40, seed=4)
+
+    def run() -> str:
+        model.set_attn_implementation(_impl(model))
+        config = StreamConfig(("sink",), 2, 6, 40, chunk=8)
+        method, _ = config.check_model(model)
+        result = streaming_perplexity(model, ids, config)
+        want, _, _ = stream_nll(model, ids, config.cache_config("sink"))
+        got = torch.tensor(result.policies["sink"].nll, dtype=torch.float64)
+        torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
+        assert result.method == method
+        return method
+
+    _record(row, "stream (default)", run)
