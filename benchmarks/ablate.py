@@ -17,7 +17,7 @@ import torch
 
 from sinklab.ablate import EXPERIMENTS, AblationConfig, run_experiment
 from sinklab.corpus import documents, token_stream
-from sinklab.meta import versions
+from sinklab.meta import attach_meta, versions
 from sinklab.models import load_model
 
 
@@ -54,6 +54,7 @@ def main() -> None:
         start = time.perf_counter()
         res = run_experiment(name, loaded.model, loaded.tokenizer, ids, config)
         seconds = time.perf_counter() - start
+        attach_meta(res, loaded.info, docs[:rows], res.params(), seconds)
         report["experiments"][name] = {"seconds": round(seconds, 2), "finding": res.finding}
         if args.out is not None:
             res.save(args.out / name)

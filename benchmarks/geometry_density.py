@@ -59,6 +59,7 @@ def worker(part: str, args: argparse.Namespace) -> dict[str, Any]:
 
     from sinklab.ablate import AblationConfig, run_experiment
     from sinklab.corpus import documents, token_stream
+    from sinklab.meta import attach_meta
     from sinklab.models import load_model
 
     torch.set_num_threads(args.threads)
@@ -71,7 +72,7 @@ def worker(part: str, args: argparse.Namespace) -> dict[str, Any]:
     start = time.perf_counter()
     res = run_experiment(name, loaded.model, loaded.tokenizer, ids, config)
     seconds = time.perf_counter() - start
-    res.meta.update(model=loaded.info.to_json(), text={"name": "shakespeare", "rows": rows})
+    attach_meta(res, loaded.info, docs[:rows], res.params(), seconds)
     data = json.loads(json.dumps(res.to_json()))
     if args.out is not None:
         res.save(args.out / part)

@@ -12,6 +12,7 @@ from helpers import assert_one_line_error, run_main
 from sinklab.ablate import EXPERIMENTS, AblationConfig, get_experiment, perplexity, run_experiment
 from sinklab.errors import SinklabError
 from sinklab.interventions import first_token
+from sinklab.meta import attach_meta
 
 
 @pytest.fixture(scope="module")
@@ -33,11 +34,13 @@ def test_each_experiment_end_to_end(tiny, tiny_tokenizer, tmp_path, name):
     assert data["meta"] == {}  # a bare result: the caller attaches meta (sinklab.meta.attach_meta)
     assert data["conditions"] and isinstance(data["finding"], str) and "\n" not in data["finding"]
     assert calls
+    attach_meta(res, None, None, res.params(), None)  # a run without a model or text: left out
     res.save(tmp_path)
     res.figure(tmp_path / f"{name}.png")
     assert (tmp_path / f"{name}.png").stat().st_size > 0
     assert json.loads((tmp_path / "ablate.json").read_text())["finding"] == res.finding
-    assert json.loads((tmp_path / f"{name}.json").read_text())["title"].startswith(name)
+    title = json.loads((tmp_path / f"{name}.json").read_text())["title"]
+    assert title == f"{name}: T=20, q0={config.q0}, eps={config.eps}, seed={config.seed}"
     if name == "first-token":  # whitespace tokenizer: "\n" is no token, so that mode is skipped
         assert "newline" in data["skipped"] and {"keep", "drop", "bos", "word"} <= set(
             data["conditions"]

@@ -80,6 +80,35 @@ def test_summary_is_computed_from_the_numbers():
     assert layer_means([[nan]])[0] != layer_means([[nan]])[0]
 
 
+def test_figure_titles_name_the_run_and_leave_out_what_it_lacks(tmp_path):
+    """meta always holds sinklab.meta.META_KEYS: a None model or text is left out of the title,
+    several texts are joined, a missing key is a bug (KeyError), not a silent 'model'."""
+    from sinklab.corpus import Text
+    from sinklab.figures import run_names
+    from sinklab.meta import attach_meta
+    from sinklab.probe.plots import probe_figures
+
+    plays = [Text("shakespeare:hamlet", "x", "a"), Text("shakespeare:macbeth", "y", "b")]
+    data = {
+        "sink_mass": [[0.1, 0.9], [0.5, float("nan")]],
+        "first_token_cosine": [0.2, -0.1],
+        "token_similarity": [0.3, 0.4],
+    }
+    attach_meta(data, None, plays, {"q0": 2, "eps": [0.3], "tokens": 16}, None)
+    assert run_names(data["meta"]) == ["shakespeare:hamlet+shakespeare:macbeth"]
+    probe_figures(data, tmp_path)
+    title = json.loads((tmp_path / "layer_curves.json").read_text())["title"]
+    assert title == "per layer\nshakespeare:hamlet+shakespeare:macbeth | 16 tokens | q0=2"
+    attach_meta(data, None, None, {"q0": 0, "eps": [0.3], "tokens": 8}, None)
+    probe_figures(data, tmp_path)
+    heat = json.loads((tmp_path / "sink_mass_heatmap.json").read_text())["title"]
+    assert heat == "sink mass\n8 tokens | q0=0" and run_names(data["meta"]) == []
+    meta = {**data["meta"], "model": {"name": "m"}, "text": {"name": "t"}}
+    assert run_names(meta) == ["m", "t"]
+    with pytest.raises(KeyError):
+        run_names({"params": {}})
+
+
 @pytest.mark.parametrize(
     ("args", "needle"),
     [

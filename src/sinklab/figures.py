@@ -22,6 +22,20 @@ from sinklab.meta import write_json_atomic
 DPI = 110
 
 
+def run_names(meta: Mapping[str, Any]) -> list[str]:
+    """The model's and the text's names in a result's ``meta`` (exactly
+    :data:`sinklab.meta.META_KEYS`, from :func:`sinklab.meta.attach_meta`), for a figure's title.
+    One that is None (a synthetic run has no model or text) is left out; several texts are
+    joined with '+'."""
+    names = []
+    for key in ("model", "text"):
+        value = meta[key]
+        items = value if isinstance(value, list) else [] if value is None else [value]
+        if items:
+            names.append("+".join(str(item["name"]) for item in items))
+    return names
+
+
 def save(fig: Any, path: Path, numbers: Any, *, dpi: int = DPI, tight: bool = True) -> Path:
     """Write ``fig`` to ``path`` (PNG) and ``numbers`` beside it (``NAME.json``); close ``fig``."""
     path = Path(path)

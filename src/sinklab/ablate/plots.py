@@ -15,14 +15,9 @@ from sinklab import figures
 
 
 def _title(data: dict[str, Any]) -> str:
-    meta = data.get("meta", {})
-    model = (meta.get("model") or {}).get("name", "model")
-    text = (meta.get("text") or {}).get("name", "text")
-    p = meta.get("params") or {}
-    return (
-        f"{data.get('experiment')}: {model}, {text}, T={p.get('tokens')}, "
-        f"q0={p.get('q0')}, eps={p.get('eps')}, seed={p.get('seed')}"
-    )
+    p = data["meta"]["params"]
+    run = [f"T={p['tokens']}", f"q0={p['q0']}", f"eps={p['eps']}", f"seed={p['seed']}"]
+    return f"{data['experiment']}: " + ", ".join([*figures.run_names(data["meta"]), *run])
 
 
 def _save(fig: Figure, plotted: dict[str, Any], data: dict[str, Any], path: Path) -> Figure:

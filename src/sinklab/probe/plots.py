@@ -74,12 +74,9 @@ def probe_figures(data: dict[str, Any], folder: Path, lengths_only: bool = False
     """Every figure of a probe result (``probe.json``'s content) into ``folder``: the heatmap and
     the per-layer curves, and with ``by_length`` the length trend and the per-layer mass by
     length. ``lengths_only``: just the length figures (the report's length section)."""
-    meta = data["meta"]
-    p = meta["params"]
-    model = (meta.get("model") or {}).get("name", "model")
-    text = (meta.get("text") or {}).get("name", "text")
+    p = data["meta"]["params"]
     tokens = p.get("tokens") or max(p.get("lengths") or [0])
-    tag = f"{model} | {text} | {tokens} tokens | q0={p['q0']}"
+    tag = " | ".join([*figures.run_names(data["meta"]), f"{tokens} tokens", f"q0={p['q0']}"])
     paths = []
     if not lengths_only:
         paths.append(
