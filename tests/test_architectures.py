@@ -13,7 +13,8 @@ Each cell is OK only when the feature's numbers equal an independent computation
 * ``stream chunked``: ``--method chunked`` (8 queries per forward) equals the step loop (1e-4);
 * ``stream (default)``: ``sinklab stream``'s default ``--method auto`` (chunked where
   :func:`sinklab.chunked.chunked_refusal` finds nothing against the model, else step) runs, and
-  its sink-policy NLLs equal the step loop's (1e-4); the cell names the method auto chose.
+  its sink-policy NLLs equal the step loop's (1e-4, 24 tokens); the cell names the method auto
+  chose.
 
 A cell may instead be a refusal, one line naming the reason; which cells refuse is stated in
 :data:`REFUSED` (a cell that starts or stops refusing fails). When the whole matrix ran,
@@ -135,7 +136,7 @@ def render(results: dict[tuple[str, str], str]) -> str:
         "  token-by-token step loop to 1e-4 (sink policy, 2 + 6, 40 tokens);",
         "- **stream (default)**: `sinklab stream` with its default `--method auto` (chunked",
         "  where chunked streaming serves the model, else the step loop; the cell names which)",
-        "  runs, and its NLLs equal the step loop's to 1e-4 (sink policy, 2 + 6, 40 tokens).",
+        "  runs, and its NLLs equal the step loop's to 1e-4 (sink policy, 2 + 6, 24 tokens).",
         "  Hybrid sliding-window models and NoPE layers stream this way with the step loop.",
         "",
         "A refusal is a one-line error naming the reason; nothing is listed as working",
@@ -308,11 +309,11 @@ def test_stream_chunked(built, row):
 def test_stream_default(built, row):
     from sinklab.streaming import StreamConfig, stream_nll, streaming_perplexity
 
-    model, ids = built(row), _ids(40, seed=4)
+    model, ids = built(row), _ids(24, seed=4)
 
     def run() -> str:
         model.set_attn_implementation(_impl(model))
-        config = StreamConfig(("sink",), 2, 6, 40, chunk=8)
+        config = StreamConfig(("sink",), 2, 6, 24, chunk=8)
         method, _ = config.check_model(model)
         result = streaming_perplexity(model, ids, config)
         want, _, _ = stream_nll(model, ids, config.cache_config("sink"))
