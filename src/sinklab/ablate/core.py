@@ -161,8 +161,3 @@ def thirds(n_layers: int) -> dict[str, tuple[int, ...]]:
         for name, c in zip(("first third", "middle third", "last third"), chunks, strict=True)
         if len(c)
     }
-
-
-def mean(xs: Any) -> float:
-    t = torch.as_tensor(xs, dtype=torch.float64)
-    return float(t.nanmean()) if t.numel() else float("nan")

@@ -10,7 +10,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from sinklab.ablate.core import AblationConfig, ProgressCallback, mean, thirds
+from sinklab.ablate.core import AblationConfig, ProgressCallback, thirds
 from sinklab.ablate.perplexity import perplexity
 from sinklab.arch import model_shape
 from sinklab.claims.effects import first_token_cosine_effect
@@ -20,6 +20,7 @@ from sinklab.interventions import MaskSink, first_token, intervene, jacobian_sen
 from sinklab.probe import ProbeConfig, ProbeResult, probe
 from sinklab.probe.geometry import METRICS, SITES, middle_third
 from sinklab.probe.metrics import HEAD_KINDS, layer_means
+from sinklab.probe.metrics import nan_mean as mean  # NaN-skipping, as every per-head mean
 from sinklab.probe.spec import rate_key
 
 # The claims, as the findings name them (paper, then the claim).
