@@ -216,6 +216,31 @@ def test_auto_runs_the_batched_oracle_on_a_hybrid_when_it_streams_alone():
     assert float((got - want).nan_to_num().abs().max()) <= TOL
 
 
+@pytest.mark.parametrize(
+    ("family", "method"), [("gpt2", "chunked"), ("gemma2", "step"), ("bloom", "step")]
+)
+def test_dense_alone_streams_by_auto_on_models_whose_keys_cannot_move(family, method):
+    """dense moves no key: auto streams it on absolute-position models by chunked (positions are
+    the stream's), on hybrids (chunked scores sliding layers as global) and on models outside
+    AttentionInterface by step; every way, the model's own next-token losses."""
+    from archs import arch_model
+    from sinklab.arch import attn_implementation
+    from sinklab.seam import register
+
+    register()
+    model, ids = arch_model(family), _ids(30) % 120
+    model.set_attn_implementation(attn_implementation(type(model)))
+    config = StreamConfig(("dense",), 2, 6, 30, chunk=8)
+    assert config.check_model(model)[0] == method
+    result = streaming_perplexity(model, ids, config)
+    assert result.method == method
+    with torch.no_grad():
+        logits = model(ids[None]).logits[0, :-1].double()
+    want = torch.nn.functional.cross_entropy(logits, ids[1:], reduction="none")
+    got = torch.tensor(result.policies["dense"].nll, dtype=torch.float64)
+    torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
+
+
 def test_bad_method_and_chunk():
     with pytest.raises(SinklabError, match="unknown method"):
         StreamConfig(method="fast")
