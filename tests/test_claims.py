@@ -66,6 +66,7 @@ def test_every_claim_has_one_row_with_the_rule_applied(tiny, tiny_tokenizer, tmp
         assert _row(result, cid)["reason"].startswith("not measured: no train.json")
     assert [s["sample"] for s in _row(result, "first-token-sinks")["samples"]] == list(TEXTS)
     assert len(_row(result, "sink-cheaper")["samples"]) == 3
+    assert _row(result, "evict-sinks-collapse")["sizes"]["method"] == "chunked"  # what ran
     run = result.to_json()["run"]
     assert [s["name"] for s in run["samples"]] == list(TEXTS) and set(run["seconds_by_group"])
     assert result.meta == {}  # bare: the caller attaches meta (sinklab.meta.attach_meta)

@@ -92,7 +92,6 @@ def measure_stream(
             "n_sink": cfg.n_sink,
             "window": cfg.window,
             "first_scored_position": start,
-            "method": StreamConfig().method if hasattr(StreamConfig(), "method") else "step",
         }
     )
     if cfg.stream_tokens <= start + 1:
@@ -109,6 +108,7 @@ def measure_stream(
             n_tokens=int(ids.numel()),
         )
         res = streaming_perplexity(model, ids, sc)
+        m.sizes["method"] = res.method  # what ran (auto: chunked, or step on hybrids)
         nll = {p: torch.tensor(r.nll[start:], dtype=torch.float64) for p, r in res.policies.items()}
         w, s = float(nll["window"].mean()), float(nll["sink"].mean())
         m.samples.append(
