@@ -36,7 +36,7 @@ def plot_running_ppl(data: dict[str, Any], folder: Path) -> Path:
     from sinklab import figures
 
     p = data["meta"]["params"]
-    model = (data["meta"].get("model") or {}).get("name", "model")
+    names = ", ".join(figures.run_names(data["meta"]))
     pols = data["policies"]
     n = max(len(r["nll"]) for r in pols.values())
     stride = max(1, n // 2000)  # at most ~2000 points per line
@@ -44,7 +44,7 @@ def plot_running_ppl(data: dict[str, Any], folder: Path) -> Path:
         list(range(1, n + 1))[::stride],
         {name: running_ppl(r["nll"])[::stride] for name, r in pols.items()},
         Path(folder) / f"{FIGURE}.png",
-        title=f"Streaming perplexity ({model}, n_sink={p['n_sink']}, window={p['window']})",
+        title=f"Streaming perplexity ({names}, n_sink={p['n_sink']}, window={p['window']})",
         xlabel="tokens streamed",
         ylabel="running perplexity (log scale)",
         logy=True,
@@ -94,7 +94,8 @@ def plot_block_ppl(data: dict[str, Any], folder: Path) -> Path:
     from sinklab import figures
 
     block = data["meta"]["params"]["segment"]
-    model = data["meta"].get("model") or {}
+    model = data["meta"]["model"] or {}  # None for no model (never for a stream)
+    names = ", ".join(figures.run_names(data["meta"]))
     cached = {n: r["segment_ppl"] for n, r in data["policies"].items() if n != "recompute"}
     if not cached:  # recompute alone: its blocks, then
         cached = {n: r["segment_ppl"] for n, r in data["policies"].items()}
@@ -104,7 +105,7 @@ def plot_block_ppl(data: dict[str, Any], folder: Path) -> Path:
         [(i + 1) * block for i in range(n)],
         cached,
         Path(folder) / f"{BLOCK_FIGURE}.png",
-        title=f"Perplexity of each {block} tokens ({model.get('name', 'model')})",
+        title=f"Perplexity of each {block} tokens ({names})",
         xlabel="tokens streamed",
         ylabel="block perplexity (log)",
         logy=True,
