@@ -73,9 +73,11 @@ def test_bad_config_is_one_sinklab_error():
 
 
 def test_checkpoint_loads_through_load_model(tmp_path, tiny_tokenizer):
+    from sinklab.lab import register
     from sinklab.models import load_model
     from sinklab.probe import probe
 
+    register()  # explicit: the core never imports the lab (the CLI registers it)
     model = tiny("sink").eval()
     with torch.no_grad():
         model.model.layers[0].self_attn.sink_logit.fill_(1.5)
@@ -87,3 +89,23 @@ def test_checkpoint_loads_through_load_model(tmp_path, tiny_tokenizer):
     torch.testing.assert_close(loaded.model(ids).logits, model(ids).logits)
     result = probe(loaded.model, ids[0])
     assert tuple(result.sink_mass.shape) == (2, 4)
+
+
+def test_an_unregistered_lab_type_is_a_one_line_refusal(tmp_path):
+    from sinklab.models import load_model
+
+    (tmp_path / "config.json").write_text('{"model_type": "sinklab-nosuch"}')
+    with pytest.raises(SinklabError, match=r"call sinklab\.lab\.register\(\) before loading"):
+        load_model(str(tmp_path))
+
+
+def test_the_cli_loads_a_saved_lab_checkpoint_in_a_fresh_process(tmp_path, tiny_tokenizer):
+    """A fresh interpreter has registered nothing: the command line registers the lab's types."""
+    from helpers import run_process
+
+    model = tiny("softmax").eval()
+    model.save_pretrained(tmp_path / "ckpt")
+    tiny_tokenizer.save_pretrained(tmp_path / "ckpt")
+    run = run_process("info", "--model", str(tmp_path / "ckpt"), "--format", "json")
+    assert run.returncode == 0, run.stderr
+    assert '"model_type": "sinklab-tiny"' in run.stdout

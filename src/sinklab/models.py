@@ -146,18 +146,22 @@ def _check_causal_lm(config: Any, spec: str, embedded: bool = False) -> None:
         )
 
 
-def _register_sinklab_types(folder: str) -> None:
-    """Register sinklab's own model types (``sinklab-*``: the lab's tiny decoders) with
-    transformers' Auto classes when ``folder`` holds one; other folders load nothing of the lab."""
+def _check_sinklab_types(folder: str) -> None:
+    """A folder of one of sinklab's own model types (``sinklab-*``: the lab's tiny decoders)
+    loads once that type is registered with transformers' Auto classes, which the lab does when
+    asked (:func:`sinklab.lab.register`; the CLI asks). The core never imports the lab."""
+    from transformers import CONFIG_MAPPING
+
     config = Path(folder).expanduser() / "config.json"
     try:
         model_type = json.loads(config.read_text(encoding="utf-8")).get("model_type", "")
     except (OSError, ValueError, AttributeError):
         return  # not a readable local config: AutoConfig reports it below
-    if str(model_type).startswith("sinklab-"):
-        from sinklab.lab.model import register_lab_models  # the one core -> lab import
-
-        register_lab_models()
+    if str(model_type).startswith("sinklab-") and model_type not in CONFIG_MAPPING:
+        raise SinklabError(
+            f"{folder} holds a sinklab lab model ({model_type}) whose type is not registered: "
+            "call sinklab.lab.register() before loading it (the sinklab command line does)"
+        )
 
 
 _PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
@@ -271,7 +275,7 @@ def _load_folder(
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
     enforce_offline()
-    _register_sinklab_types(folder)
+    _check_sinklab_types(folder)
     try:
         config = AutoConfig.from_pretrained(
             folder, trust_remote_code=trust_remote_code, local_files_only=local_only

@@ -21,11 +21,11 @@ from sinklab.commands.common import (
     check_positions,
     emit_json,
     given,
+    load,
     parse_float_list,
     parse_int_list,
     progress,
     split_list,
-    stderr,
 )
 from sinklab.errors import SinklabError
 
@@ -136,7 +136,6 @@ def ablate(
     from sinklab.arch import model_shape
     from sinklab.corpus import load_text
     from sinklab.meta import attach_meta
-    from sinklab.models import load_model
     from sinklab.outputs import check_out, write_results
 
     # Cheap checks first: nothing loads before the arguments are known to be sane.
@@ -163,8 +162,7 @@ def ablate(
         raise SinklabError(f"--texts must be >= 1, got {texts}")
     out = check_out(out, "ablate")
     txt = load_text(text)
-    with stderr.status("loading model"):
-        loaded = load_model(model, dtype=dtype, device=device, trust_remote_code=trust_remote_code)
+    loaded = load(model, dtype, device, trust_remote_code)
     config.check_model(*model_shape(loaded.model))  # layer / head ranges, before any work
     check_positions(loaded.info, tokens, "--tokens")
     ids = experiment_ids(

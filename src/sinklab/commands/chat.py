@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from sinklab.commands.common import DeviceOpt, DtypeOpt, ModelOpt, SeedOpt, TrustOpt, stderr
+from sinklab.commands.common import DeviceOpt, DtypeOpt, ModelOpt, SeedOpt, TrustOpt, load, stderr
 from sinklab.commands.stream import NSinkOpt, WindowOpt
 
 HELP = "commands: /stats (tokens seen, kept, positions, tok/s), /reset, /quit"
@@ -63,11 +63,9 @@ def chat(
     """
     from sinklab.chat import ChatConfig, ChatSession
     from sinklab.errors import SinklabError
-    from sinklab.models import load_model
 
     config = ChatConfig(n_sink, window, max_new_tokens, temperature, seed, system)  # checks first
-    with stderr.status("loading model"):
-        loaded = load_model(model, dtype=dtype, device=device, trust_remote_code=trust_remote_code)
+    loaded = load(model, dtype, device, trust_remote_code)
     session = ChatSession(loaded.model, loaded.tokenizer, config)
     interactive = sys.stdin.isatty()
     if interactive:

@@ -17,6 +17,7 @@ from sinklab.commands.common import (
     SeedOpt,
     TrustOpt,
     emit_json,
+    load,
     parse_int_list,
     progress,
     split_list,
@@ -106,12 +107,7 @@ def claims(
     texts_read = config.read_texts()
     loaded = None
     if config.needs_model:
-        from sinklab.models import load_model
-
-        with stderr.status("loading model"):
-            loaded = load_model(
-                model, dtype=dtype, device=device, trust_remote_code=trust_remote_code
-            )
+        loaded = load(model, dtype, device, trust_remote_code)
     start = time.perf_counter()
     with progress(fmt is OutputFormat.text) as bars:
         result = run_claims(

@@ -155,6 +155,18 @@ def given(ctx: typer.Context, name: str) -> bool:
     return source is not None and source.name not in ("DEFAULT", "DEFAULT_MAP")
 
 
+def load(model: str | None, dtype: str, device: str, trust_remote_code: bool) -> Any:
+    """Load ``--model`` for a command (a status line on stderr while it loads). Registers the
+    lab's model types first, explicitly: to the commands a saved lab checkpoint is a model like
+    any other (:func:`sinklab.lab.register`; library users call it themselves)."""
+    from sinklab.lab import register
+    from sinklab.models import load_model
+
+    with stderr.status("loading model"):
+        register()
+        return load_model(model, dtype=dtype, device=device, trust_remote_code=trust_remote_code)
+
+
 POSITION_RULE = "sinklab never runs a model on more positions than it has"
 
 

@@ -16,6 +16,7 @@ from sinklab.commands.common import (
     SeedOpt,
     TrustOpt,
     WindowOpt,
+    load,
     progress,
     stderr,
 )
@@ -57,7 +58,6 @@ def generate(
     from sinklab.generation import GenerateConfig
     from sinklab.generation import generate as run
     from sinklab.meta import attach_meta
-    from sinklab.models import load_model
     from sinklab.outputs import check_out, write_results
 
     # cheap checks first: sizes and the prompt fail before the model loads
@@ -71,8 +71,7 @@ def generate(
         raise SinklabError("the prompt is empty; pass some text to continue")
     if out is not None:
         out = check_out(out, "generate")
-    with stderr.status("loading model"):
-        loaded = load_model(model, dtype=dtype, device=device, trust_remote_code=trust_remote_code)
+    loaded = load(model, dtype, device, trust_remote_code)
     import torch
 
     ids = torch.tensor(loaded.tokenizer(text, add_special_tokens=False).input_ids)

@@ -14,10 +14,10 @@ from sinklab.commands.common import (
     TextOpt,
     TrustOpt,
     emit_json,
+    load,
     stderr,
 )
 from sinklab.corpus import count_tokens, load_text
-from sinklab.models import load_model
 
 
 def info(
@@ -32,9 +32,9 @@ def info(
 
     Example: sinklab info --model ./my-llama --text notes.txt --format json
     """
-    with stderr.status("loading model and text"):
-        txt = load_text(text)  # cheap checks first: a bad path fails before the model loads
-        loaded = load_model(model, dtype=dtype, device=device, trust_remote_code=trust_remote_code)
+    txt = load_text(text)  # cheap checks first: a bad path fails before the model loads
+    loaded = load(model, dtype, device, trust_remote_code)
+    with stderr.status("counting tokens"):
         n_tokens = count_tokens(txt, loaded.tokenizer)
     data = {"model": loaded.info.to_json(), "text": {**txt.to_json(), "tokens": n_tokens}}
     if fmt is OutputFormat.json:

@@ -19,10 +19,10 @@ from sinklab.commands.common import (
     TrustOpt,
     check_positions,
     emit_json,
+    load,
     parse_float_list,
     parse_int_list,
     progress,
-    stderr,
 )
 from sinklab.probe.spec import DEFAULT_EPS
 
@@ -61,7 +61,6 @@ def probe(
     """
     from sinklab.corpus import load_text, token_stream
     from sinklab.meta import attach_meta
-    from sinklab.models import load_model
     from sinklab.outputs import check_out, write_results
     from sinklab.probe import ProbeConfig
     from sinklab.probe.plots import probe_figures
@@ -75,8 +74,7 @@ def probe(
     run = ProbeRun(ProbeConfig(q0=q0, eps=eps_list), tokens, tuple(ns) if ns else None, prepend)
     out = check_out(out, "probe")
     txt = load_text(text)
-    with stderr.status("loading model"):
-        loaded = load_model(model, dtype=dtype, device=device, trust_remote_code=trust_remote_code)
+    loaded = load(model, dtype, device, trust_remote_code)
     check_positions(loaded.info, run.need, run.need_option)
     ids = token_stream(txt, loaded.tokenizer, run.need, prepend=prepend)
     check_supported(loaded.model)  # before the progress bar: a clean one-line error

@@ -13,6 +13,7 @@ from sinklab.commands.common import (
     ModelOpt,
     TextOpt,
     TrustOpt,
+    load,
     progress,
     split_list,
     stderr,
@@ -61,7 +62,6 @@ def report(
 
     Example: sinklab report --quick --out my-report
     """
-    from sinklab.models import load_model
     from sinklab.report import ReportConfig, build_report, check_out_dir, select_stages
     from sinklab.report.stages import StageResult, parse_overrides
 
@@ -70,9 +70,8 @@ def report(
     )
     config = ReportConfig.preset(quick, **parse_overrides(overrides or []))
     out = check_out_dir(out)  # cheap checks first: a bad folder fails before the model loads
-    with stderr.status("loading model and text"):
-        txt = load_text(text)
-        loaded = load_model(model, dtype=dtype, device=device, trust_remote_code=trust_remote_code)
+    txt = load_text(text)
+    loaded = load(model, dtype, device, trust_remote_code)
     config, notes = config.fit(loaded.info.max_positions, loaded.info.name)  # clamp, and say so
     for note in notes:
         stderr.print(note, highlight=False, soft_wrap=True)

@@ -18,6 +18,7 @@ from sinklab.commands.common import (
     TrustOpt,
     WindowOpt,
     check_positions,
+    load,
     progress,
     split_list,
     stderr,
@@ -99,7 +100,6 @@ def stream(
 
     from sinklab.corpus import load_text, token_stream
     from sinklab.meta import attach_meta
-    from sinklab.models import load_model
     from sinklab.outputs import check_out, write_results
     from sinklab.stream_summary import (
         block_size,
@@ -124,12 +124,11 @@ def stream(
     )
     out = check_out(out, "stream")
     txt = load_text(text)
-    with stderr.status("loading model"):
-        loaded = load_model(model, dtype=dtype, device=device, trust_remote_code=trust_remote_code)
-        if "dense" in config.policies:
-            check_positions(loaded.info, tokens, "--tokens", " (the dense policy keeps them all)")
-        chosen, _ = config.check_model(loaded.model)  # refusals here, before any work
-        ids = token_stream(txt, loaded.tokenizer, tokens)
+    loaded = load(model, dtype, device, trust_remote_code)
+    if "dense" in config.policies:
+        check_positions(loaded.info, tokens, "--tokens", " (the dense policy keeps them all)")
+    chosen, _ = config.check_model(loaded.model)  # refusals here, before any work
+    ids = token_stream(txt, loaded.tokenizer, tokens)
     start = time.perf_counter()
     with progress() as bars:
         ticks = {  # rates in scored targets a second (the oracle scores every K-th)

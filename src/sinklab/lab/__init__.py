@@ -17,3 +17,12 @@
 * :mod:`sinklab.lab.cost`: ``CostConfig``, ``run_cost``, ``fit_exponent``;
 * :mod:`sinklab.lab.plots`: loss, sink emergence, sweep comparison, cost figures.
 """
+
+
+def register() -> None:
+    """Register the lab's model types (``sinklab-tiny``) with transformers' Auto classes, so that
+    :func:`sinklab.models.load_model` loads a saved lab checkpoint like any model (idempotent;
+    every ``sinklab`` command that loads a model calls it)."""
+    from sinklab.lab.model import register_lab_models
+
+    register_lab_models()
