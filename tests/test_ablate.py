@@ -1,5 +1,6 @@
 """sinklab ablate: every experiment end to end on a tiny model, the CLI, bad inputs, SmolLM2."""
 
+import dataclasses
 import json
 import math
 
@@ -41,6 +42,8 @@ def test_each_experiment_end_to_end(tiny, tiny_tokenizer, tmp_path, name):
     assert json.loads((tmp_path / "ablate.json").read_text())["finding"] == res.finding
     title = json.loads((tmp_path / f"{name}.json").read_text())["title"]
     assert title == f"{name}: T=20, q0={config.q0}, eps={config.eps}, seed={config.seed}"
+    dataclasses.replace(res, meta={}).figure(tmp_path / "bare.png")  # no meta: no traceback
+    assert json.loads((tmp_path / "bare.json").read_text())["title"] == title
     if name == "first-token":  # whitespace tokenizer: "\n" is no token, so that mode is skipped
         assert "newline" in data["skipped"] and {"keep", "drop", "bos", "word"} <= set(
             data["conditions"]

@@ -80,3 +80,17 @@ def test_stream_shows_one_bar_per_policy(tiny_model_dir, tmp_path, capsys, termi
     bars = [ln for ln in screen.splitlines() if "39/39" in ln]
     assert {ln.split()[0] for ln in bars} >= {"window", "sink"}
     assert all("tok/s" in ln and "ppl" in ln for ln in bars)
+
+
+def test_the_report_bar_shows_a_percentage(tiny_model_dir, tmp_path, capsys, terminal):
+    """build_report counts estimated seconds (two stages: 20 of them): the bar shows a share."""
+    run = run_main(
+        capsys,
+        *("report", "--quick", "--model", str(tiny_model_dir("llama")), "--out", str(tmp_path)),
+        *("--stages", "probe,first-token", "--set", "probe_tokens=32", "--set", "ablate_tokens=24"),
+        *("--set", "q0=2", "--set", "probe_lengths=16,32"),
+    )
+    assert run.returncode == 0, run.stderr
+    screen = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", terminal.getvalue())
+    bars = [ln for ln in screen.splitlines() if ln.startswith("report")]
+    assert bars and "100%" in bars[-1] and "/20" not in screen

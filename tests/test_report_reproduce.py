@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from helpers import run_main
+from sinklab.ablate import get_experiment
 
 STAGES = "claims,probe,first-token,mask-sink,geometry"
 # the report's own sizes for a 2-layer random model, and a threshold that is not the default
@@ -60,7 +61,10 @@ def test_an_ablation_section_reproduces(report, name, capsys, tmp_path):
     got = _rerun(capsys, stage, tmp_path / name)
     _close(stage["json"]["conditions"], got["conditions"])
     assert got["finding"] == stage["json"]["finding"]
-    assert got["meta"]["params"]["eps"] == [0.45, 0.8]  # the page's eps, then the stricter 0.8
+    if "eps" in get_experiment(name).options:  # the page's eps, then the stricter 0.8
+        assert got["meta"]["params"]["eps"] == [0.45, 0.8]
+    else:  # geometry reads no threshold, and its command passes none
+        assert "--eps" not in stage["command"]
 
 
 def test_the_probe_section_reproduces(report, capsys, tmp_path):
@@ -81,3 +85,21 @@ def test_the_claims_section_reproduces(report, capsys, tmp_path):
             _close(ref[key], row[key], f"{row['id']}.{key}")
     sinks = next(r for r in got["claims"] if r["id"] == "first-token-sinks")
     assert "sink mass > 0.45 (q0 = 4)" in sinks["effect_definition"]
+
+
+def test_the_loading_options_are_on_every_command(tiny_model_dir, capsys, tmp_path):
+    """A report made in bfloat16 prints commands that load bfloat16, and they reproduce it."""
+    model = str(tiny_model_dir("llama"))
+    args = ["report", "--quick", "--model", model, "--out", str(tmp_path / "r"), "--dtype"]
+    args += ["bfloat16", "--stages", "probe,mask-sink", *(a for kv in SIZES for a in ("--set", kv))]
+    run = run_main(capsys, *args)
+    assert run.returncode == 0, run.stderr
+    stages = json.loads((tmp_path / "r" / "results.json").read_text())["stages"]
+    for name, stage in stages.items():
+        cmd = stage["command"]
+        assert cmd[cmd.index("--model") : cmd.index("--model") + 4] == [
+            "--model", model, "--dtype", "bfloat16"
+        ], name  # fmt: skip
+    got = _rerun(capsys, stages["probe"], tmp_path / "probe")
+    assert got["meta"]["model"]["dtype"] == "bfloat16"
+    _close(stages["probe"]["json"]["sink_mass"], got["sink_mass"])

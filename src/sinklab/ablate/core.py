@@ -147,10 +147,15 @@ class AblationResult:
         return write_json_atomic(Path(out_dir) / "ablate.json", self.to_json())
 
     def figure(self, path: Path) -> Any:
-        """Draw the figure to ``path`` (PNG; plotted numbers in ``path.with_suffix(".json")``)."""
+        """Draw the figure to ``path`` (PNG; plotted numbers in ``path.with_suffix(".json")``).
+        Its title names the model and text of ``meta`` (:func:`sinklab.meta.attach_meta`);
+        a bare result's figure is titled by its parameters alone."""
         if self.plot is None:
             raise SinklabError(f"no figure function for experiment {self.experiment!r}")
-        return self.plot(self.to_json(), Path(path))
+        data = self.to_json()
+        if not data["meta"]:
+            data["meta"] = {"model": None, "text": None, "params": self.params()}
+        return self.plot(data, Path(path))
 
 
 def thirds(n_layers: int) -> dict[str, tuple[int, ...]]:

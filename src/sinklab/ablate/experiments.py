@@ -22,6 +22,7 @@ from sinklab.probe.geometry import METRICS, SITES, middle_third
 from sinklab.probe.metrics import HEAD_KINDS, layer_means
 from sinklab.probe.metrics import nan_mean as mean  # NaN-skipping, as every per-head mean
 from sinklab.probe.spec import rate_key
+from sinklab.probe.summary import ranges
 
 # The claims, as the findings name them (paper, then the claim).
 CLAIM_BOS = (
@@ -266,18 +267,7 @@ def _positive_layers(cos: Tensor, middle: list[int]) -> str:
     cells = f"{int((mid > 0).sum())} of {mid.numel()} (text, layer) cells > 0"
     if not pos:
         return f"every middle layer <= 0 on average ({cells})"
-    return f"layer{'s' * (len(pos) > 1)} {_ranges(pos)} positive on average ({cells})"
-
-
-def _ranges(xs: list[int]) -> str:
-    """[10, 11, 14] -> "10-11, 14"."""
-    out: list[str] = []
-    for x in xs:
-        if out and int(out[-1].split("-")[-1]) == x - 1:
-            out[-1] = f"{out[-1].split('-')[0]}-{x}"
-        else:
-            out.append(str(x))
-    return ", ".join(out)
+    return f"layer{'s' * (len(pos) > 1)} {ranges(pos)} positive on average ({cells})"
 
 
 def geometry_experiment(

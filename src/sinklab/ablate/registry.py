@@ -126,7 +126,7 @@ RECORDS: tuple[Experiment, ...] = (
         "attention input, keys), mean over texts; head kinds per layer.",
         "first-token cosine at the residual, attention input and keys, over several texts",
         texts=True,
-        options=("texts", "eps"),
+        options=("texts",),
     ),
 )
 

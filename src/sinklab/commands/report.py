@@ -75,7 +75,13 @@ def report(
     config, notes = config.fit(loaded.info.max_positions, loaded.info.name)  # clamp, and say so
     for note in notes:
         stderr.print(note, highlight=False, soft_wrap=True)
+    model_options = (  # how the model was loaded, for every section's reproduce command
+        *(("--dtype", dtype) if dtype != "float32" else ()),
+        *(("--device", device) if device != "cpu" else ()),
+        *(("--trust-remote-code",) if trust_remote_code else ()),
+    )
     with progress() as bars:
+        tick = bars.callback("report", 1.0)  # a fraction: build_report counts estimated seconds
 
         def stage_done(r: StageResult) -> None:
             mark = "[green]ok[/green]" if r.status == "ok" else f"[red]failed[/red]: {r.error}"
@@ -89,7 +95,8 @@ def report(
             config=config,
             model_spec=model or DEFAULT_MODEL,
             text_spec=text or DEFAULT_TEXT,
-            callback=bars.callback("report", 1.0),  # (done, total, stage label)
+            callback=lambda done, total, label: tick(done / total if total else 0.0, 1.0, label),
+            model_options=model_options,
             on_stage=stage_done,
             notes=notes,
         )

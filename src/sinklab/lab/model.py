@@ -15,8 +15,9 @@ Read top to bottom: config, RoPE, attention, MLP, block, model, LM head, registr
   (``relu(s) / n_keys``, Guo et al. 2024, :func:`sinklab.attention.relu_attention`).
 
 :func:`register_lab_models` registers model type ``sinklab-tiny`` with ``AutoConfig`` and
-``AutoModelForCausalLM``; :func:`sinklab.models.load_model` calls it when a folder holds a lab
-checkpoint (importing this module registers nothing).
+``AutoModelForCausalLM`` (importing this module registers nothing): :func:`sinklab.lab.register`
+calls it, and :func:`sinklab.models.load_model` loads a lab checkpoint after that (the CLI
+registers before it loads; the core never imports the lab).
 """
 
 from __future__ import annotations

@@ -7,8 +7,8 @@ records ``backcopy``, :func:`sinklab.lab.backcopy_metrics.backcopy_summary`).
 checkpoint, validation perplexity with and without the first token, the ``run`` facts, and the
 one provenance block ``meta`` of :func:`sinklab.meta.attach_meta`) and writes ``train.json``,
 ``loss.png`` and ``sinks.png`` (each beside the JSON of its numbers) and the checkpoints
-(``checkpoints/step-N``: weights, config, tokenizer; loadable by :func:`sinklab.models.load_model`)
-under ``out``.
+(``checkpoints/step-N``: weights, config, tokenizer; loadable by
+:func:`sinklab.models.load_model` after :func:`sinklab.lab.register`) under ``out``.
 
 ``python -m sinklab.lab.train [--preset cpu] [--task ...] [--steps N] ... --out DIR`` (the
 options of ``sinklab train`` for one run) trains from a launcher: alone, or one process per rank

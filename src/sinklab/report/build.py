@@ -75,17 +75,30 @@ def build_report(
     callback: ReportCallback | None = None,
     on_stage: Callable[[StageResult], None] | None = None,
     notes: Sequence[str] = (),
+    model_options: Sequence[str] = (),
 ) -> Report:
     """Run ``stages`` in order on ``loaded`` and write the report to ``out`` (atomically).
 
     ``callback(done, total, label)`` reports progress in estimated seconds; ``on_stage(result)``
     is called as each stage finishes; ``notes`` (e.g. sizes clamped to the model) lead the
-    summary.
+    summary; ``model_options`` (``--dtype``, ``--device``, ... as given) go on every section's
+    reproduce command.
     """
     out = check_out(out, COMMAND)
     with output_dir(out, COMMAND) as tmp:
         report = _build_in(
-            tmp, loaded, text, stages, config, model_spec, text_spec, callback, on_stage, out, notes
+            tmp,
+            loaded,
+            text,
+            stages,
+            config,
+            model_spec,
+            text_spec,
+            callback,
+            on_stage,
+            out,
+            notes,
+            tuple(model_options),
         )
     report.out = out
     return report
@@ -103,6 +116,7 @@ def _build_in(
     on_stage: Callable[[StageResult], None] | None,
     final_out: Path,
     notes: Sequence[str] = (),
+    model_options: tuple[str, ...] = (),
 ) -> Report:
     start = time.perf_counter()
     costs = [max(0.1, float(s.cost(config))) for s in stages]
@@ -130,6 +144,7 @@ def _build_in(
             figures_dir=figures,
             progress=progress,
             shared=shared,
+            model_options=model_options,
         )
         ctx.shared["out"] = final_out
         results.append(run_stage(stage, ctx))

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from dataclasses import asdict
 from typing import Any
 
 from sinklab.errors import SinklabError
@@ -29,7 +28,7 @@ from sinklab.report.stages import (
 
 
 def _base_command(ctx: StageContext, sub: str) -> list[str]:
-    return ["sinklab", sub, "--model", ctx.model_spec, "--text", ctx.text_spec]
+    return ["sinklab", sub, *ctx.model_args, "--text", ctx.text_spec]
 
 
 # --------------------------------------------------------------------------- probe
@@ -46,7 +45,7 @@ def _probe_cli(ctx: StageContext, name: str, tokens: int, lengths: list[int] | N
     return [
         *_base_command(ctx, "probe"),
         *("--tokens", str(tokens), *trend, "--q0", str(ctx.config.q0)),
-        *("--eps", ",".join(f"{e:g}" for e in _probe_config(ctx).eps)),
+        *("--eps", ",".join(map(str, _probe_config(ctx).eps))),
         *("--out", reproduce_dir(ctx, name)),
     ]
 
@@ -167,6 +166,7 @@ def _probe_lengths_command(ctx: StageContext) -> list[str]:
 
 def _run_probe_lengths(ctx: StageContext) -> StageOutput:
     from sinklab.probe import probe_lengths
+    from sinklab.probe.run import ProbeRun
 
     p = _probe_lengths_params(ctx)
     config = _probe_config(ctx)
@@ -181,8 +181,8 @@ def _run_probe_lengths(ctx: StageContext) -> StageOutput:
         known=known,
     )
     data = {"meta": None, "by_length": trend.to_json()}
-    params = {**asdict(config), "lengths": p["lengths"]}
-    attach_meta(data, ctx.loaded.info, ctx.text, params, time.perf_counter() - start)
+    run = ProbeRun(config, max(p["lengths"]), tuple(p["lengths"]))  # what its command runs
+    attach_meta(data, ctx.loaded.info, ctx.text, run.params(), time.perf_counter() - start)
     rows = data["by_length"]
     keys = sorted(rows[0]["sink_rate"])
     table = TableSpec(

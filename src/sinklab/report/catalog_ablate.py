@@ -44,13 +44,13 @@ def _params(name: str):
 def _command(name: str):
     def command(ctx: StageContext) -> list[str]:
         p = _params(name)(ctx)
-        cmd = ["sinklab", "ablate", "--experiment", name, "--model", ctx.model_spec]
+        cmd = ["sinklab", "ablate", "--experiment", name, *ctx.model_args]
         cmd += ["--text", ctx.text_spec, "--tokens", str(p["tokens"]), "--q0", str(p["q0"])]
         for key in ("grid", "texts"):
             if key in p:
                 cmd += [f"--{key}", str(p[key])]
         if "eps" in p:
-            cmd += ["--eps", ",".join(f"{e:g}" for e in p["eps"])]
+            cmd += ["--eps", ",".join(map(str, p["eps"]))]
         return [*cmd, "--seed", str(p["seed"]), "--out", reproduce_dir(ctx, name)]
 
     return command

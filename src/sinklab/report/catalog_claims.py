@@ -54,7 +54,7 @@ def _params(ctx: StageContext) -> dict[str, Any]:
 
 def _command(ctx: StageContext) -> list[str]:
     p = _params(ctx)
-    cmd = ["sinklab", "claims", "--model", ctx.model_spec]
+    cmd = ["sinklab", "claims", *ctx.model_args]
     if p["texts"]:
         cmd += ["--texts", p["texts"], "--windows", str(p["windows"])]
     keys = ("tokens", "stream_tokens", "window", "n_sink", "grid", "q0", "eps")

@@ -45,8 +45,7 @@ def _command(ctx: StageContext) -> list[str]:
     return [
         "sinklab",
         "stream",
-        "--model",
-        ctx.model_spec,
+        *ctx.model_args,
         "--text",
         ctx.text_spec,
         "--tokens",

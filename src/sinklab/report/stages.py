@@ -198,6 +198,12 @@ class StageContext:
     figures_dir: Path
     progress: Progress = lambda fraction, note="": None
     shared: dict[str, Any] = field(default_factory=dict)  # results earlier stages leave for later
+    model_options: tuple[str, ...] = ()  # how the model was loaded: --dtype, --device, ...
+
+    @property
+    def model_args(self) -> list[str]:
+        """``--model`` and the loading options, as a reproduce command passes them."""
+        return ["--model", self.model_spec, *self.model_options]
 
     def ids(self, n_tokens: int) -> torch.Tensor:
         """The first ``n_tokens`` token ids of the text (cached; one tokenization per length)."""
