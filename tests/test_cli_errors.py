@@ -41,6 +41,7 @@ CHEAP = {
     "text-empty": (["probe", "--text", " "], "--text is empty"),
     "prepend-broken-escape": (["probe", "--prepend", "\\x", "--model", "/nowhere"],
                               "has a broken escape"),
+    "train-device-auto": (["train", "--device", "auto"], "a lab model fits one device"),
     "train-vocab-1e8": (["train", "--vocab-size", "100000000"], "--vocab-size must be in 1..65536"),
     "train-huge-model": (["train", "--d-model", "65536", "--heads", "4"], "lab models are tiny"),
     "ablate-lams-on-first-token": (["ablate", "-e", "first-token", "--lams", "0.5", "--model",

@@ -66,7 +66,10 @@ class TrainConfig:
                 "even head size; e.g. --d-model 128 --heads 4"
             )
         if self.device not in ("cpu", "cuda"):
-            raise SinklabError(f"--device must be cpu or cuda, got {self.device!r}")
+            raise SinklabError(
+                f"--device must be cpu or cuda, got {self.device!r} (a lab model fits one device; "
+                "--nproc N spreads the batch over N processes)"
+            )
         if not 0 < self.lr < 1:
             raise SinklabError(f"--lr must be in (0, 1), got {self.lr}")
         if self.n_checkpoints < 1 or self.eval_windows < 1:
