@@ -44,6 +44,8 @@ OFFLOAD = {
 }
 #: the same float32 kernels on the same inputs: only summation order could differ
 ATOL = 1e-5
+#: a GPU's float32 reductions run in another order than the CPU's: relative 1e-4 between them
+GPU_ATOL = 1e-4
 TEMPLATE = (
     "{% for m in messages %}<s> {{ m['role'] }} {{ m['content'] }} </s> {% endfor %}"
     "{% if add_generation_prompt %}<s> assistant {% endif %}"
@@ -279,9 +281,10 @@ def test_cli_report_dispatched(folder, tmp_path, capsys, monkeypatch):
     _assert_same_numbers(got, want, ATOL)
 
 
-def test_cli_device_auto_on_cpu_is_the_plain_model(folder, tmp_path, capsys, monkeypatch):
-    """Unpatched ``--device auto`` on a machine without GPU: accelerate keeps everything on the
-    CPU, and the numbers are the plain ones."""
+def test_cli_device_auto_is_the_plain_model(folder, tmp_path, capsys, monkeypatch):
+    """Unpatched ``--device auto`` gives ``--device cpu``'s numbers: on a machine without GPU
+    accelerate keeps everything on the CPU (the same sums); where a GPU is visible the model goes
+    there, and its sums may differ from the CPU's in the last digits (GPU_ATOL)."""
     monkeypatch.setenv("SINKLAB_CACHE", str(tmp_path / "cache"))
     runs = []
     for device in ("cpu", "auto"):
@@ -290,11 +293,9 @@ def test_cli_device_auto_on_cpu_is_the_plain_model(folder, tmp_path, capsys, mon
         code, _, err = run_main(capsys, *args, "--device", device)
         assert code == 0, err
         runs.append(json.loads((out / "probe.json").read_text()))
-    if torch.cuda.is_available():
-        pytest.skip("a GPU is visible: --device auto puts the model there (not this check)")
     got, want = _numbers(runs[1]), _numbers(runs[0])
     assert len(want) > 50 and runs[1]["meta"]["model"] == runs[0]["meta"]["model"]
-    _assert_same_numbers(got, want, ATOL)
+    _assert_same_numbers(got, want, GPU_ATOL if torch.cuda.is_available() else ATOL)
 
 
 def _table(rows: list[list[float | None]]) -> torch.Tensor:
