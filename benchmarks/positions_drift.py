@@ -16,9 +16,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import sys
 import time
+from pathlib import Path
 
 
 def drift(model, ids, offsets: list[int]) -> list[dict]:
@@ -59,9 +59,9 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--out", default=None)
     args = parser.parse_args(argv)
     import torch
-    import transformers
 
     from sinklab.corpus import load_text, token_stream
+    from sinklab.meta import versions, write_json_atomic
     from sinklab.models import load_model
 
     torch.set_num_threads(args.threads)
@@ -79,16 +79,12 @@ def main(argv: list[str] | None = None) -> dict:
         "seconds": round(time.perf_counter() - t0, 2),
         "nproc": os.cpu_count(),
         "threads": args.threads,
-        "torch": torch.__version__,
-        "transformers": transformers.__version__,
-        "python": platform.python_version(),
-        "note": "machine shared with 7 other helpers (loaded); the figures are not timings",
+        "versions": versions(),
+        "load_average_at_end": list(os.getloadavg()),  # > nproc: the machine was shared
     }
-    text = json.dumps(result, indent=2)
     if args.out:
-        with open(args.out, "w") as f:
-            f.write(text + "\n")
-    print(text)
+        write_json_atomic(Path(args.out), result)
+    print(json.dumps(result, indent=2))
     return result
 
 

@@ -16,11 +16,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 
 def child(
@@ -116,8 +116,7 @@ def main(argv: list[str] | None = None) -> dict:
         # time slices in the wall clock
         if base_cpu:
             r["cpu_speedup_vs_1"] = round(r["streams"] * base_cpu / r["cpu_ms_per_step"], 2)
-    import torch
-    import transformers
+    from sinklab.meta import versions, write_json_atomic
 
     result = {
         "benchmark": "stream_many",
@@ -130,17 +129,12 @@ def main(argv: list[str] | None = None) -> dict:
         "target": "B = 8 gives >= 5x the tokens/s of B = 1",
         "nproc": os.cpu_count(),
         "threads": args.threads,
-        "torch": torch.__version__,
-        "transformers": transformers.__version__,
-        "python": platform.python_version(),
-        "note": "2-core machine shared with 7 other helpers, measured under load: ratios are "
-        "more meaningful than absolute figures",
+        "versions": versions(),
+        "load_average_at_end": list(os.getloadavg()),  # > nproc: the machine was shared
     }
-    text = json.dumps(result, indent=2)
     if args.out:
-        with open(args.out, "w") as f:
-            f.write(text + "\n")
-    print(text)
+        write_json_atomic(Path(args.out), result)
+    print(json.dumps(result, indent=2))
     return result
 
 
