@@ -37,6 +37,9 @@ def test_every_policy_equals_no_cache_when_the_window_covers_the_stream(llama):
         )
         assert r.ppl == pytest.approx(math.exp(float(want.mean())), rel=1e-4)
     assert len(result.policies["sink-auto"].sink_positions) == 4
+    # the same NLLs everywhere: dense never collapses, said in every stream's JSON (bare too)
+    where = result.to_json()["dense_collapse"]
+    assert where["block"] == 1000 and where["at_token"] is None
 
 
 def test_recompute_every_k_scores_every_kth_target_and_says_so(llama):

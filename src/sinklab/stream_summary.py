@@ -53,14 +53,18 @@ def plot_running_ppl(data: dict[str, Any], folder: Path) -> Path:
 
 
 def dense_collapse(data: dict[str, Any]) -> dict[str, Any] | None:
+    """:func:`collapse_point` of a stream result's JSON (its ``segment`` from ``meta.params``)."""
+    return collapse_point(data["policies"], data["meta"]["params"]["segment"])
+
+
+def collapse_point(pols: dict[str, Any], block: int) -> dict[str, Any] | None:
     """Where dense collapses, by the rule fixed before any number (:data:`COLLAPSE`): the first
-    block of ``segment`` targets (``meta.params``) whose dense PPL exceeds COLLAPSE x sink's on
-    the same block. None when either policy is missing; ``at_token`` None when dense never
-    collapses."""
-    pols = data["policies"]
+    block of ``block`` targets whose dense PPL exceeds COLLAPSE x sink's on the same block
+    (``pols``: policy -> its JSON, with ``segment_ppl``). None when either policy is missing;
+    ``at_token`` None when dense never collapses. :class:`sinklab.streaming.StreamResult` writes
+    it into every stream's JSON."""
     if "dense" not in pols or "sink" not in pols:
         return None
-    block = data["meta"]["params"]["segment"]
     dense, sink = pols["dense"]["segment_ppl"], pols["sink"]["segment_ppl"]
     at = next(
         (i for i, (d, s) in enumerate(zip(dense, sink, strict=True)) if d > COLLAPSE * s), None

@@ -44,6 +44,7 @@ from sinklab.errors import SinklabError
 from sinklab.memory import rss_mb
 from sinklab.oracle import recompute_nll, recompute_nll_batched
 from sinklab.probe import ProbeConfig, probe
+from sinklab.stream_summary import collapse_point
 
 __all__ = [
     "METHODS",
@@ -182,6 +183,7 @@ class StreamResult:
         data: dict[str, Any] = {"meta": self.meta}
         data.update(method=self.method, method_reason=self.method_reason)
         data["policies"] = {p: r.to_json() for p, r in self.policies.items()}
+        data["dense_collapse"] = collapse_point(data["policies"], self.config.segment)
         if "recompute" in self.policies:
             data["on_recompute_targets"] = {
                 "recompute_every": self.config.recompute_every,

@@ -104,7 +104,6 @@ def stream(
     from sinklab.stream_summary import (
         block_size,
         collapse_sentence,
-        dense_collapse,
         method_line,
         plot_block_ppl,
         plot_running_ppl,
@@ -131,12 +130,10 @@ def stream(
     ids = token_stream(txt, loaded.tokenizer, tokens)
     start = time.perf_counter()
     with progress() as bars:
-        ticks = {  # rates in scored targets a second (the oracle scores every K-th)
-            p: bars.callback(f"{p} ({chosen})", tokens - 1, unit="tok", scale=1 / recompute_every)
-            if p == "recompute"
-            else bars.callback(f"{p} ({chosen})", tokens - 1, unit="tok")
-            for p in config.policies
-        }
+        ticks = {}
+        for p in config.policies:  # rates in scored targets a second (the oracle scores every K-th)
+            scale = 1 / recompute_every if p == "recompute" else 1.0
+            ticks[p] = bars.callback(f"{p} ({chosen})", tokens - 1, unit="tok", scale=scale)
         result = streaming_perplexity(
             loaded.model,
             ids,
@@ -144,7 +141,6 @@ def stream(
             lambda pol, done, total, ppl: ticks[pol](done, total, f"ppl {ppl:.2f}"),
         )
     data = attach_meta(result, loaded.info, txt, config, time.perf_counter() - start).to_json()
-    data["dense_collapse"] = dense_collapse(data)
     written = write_results(
         out,
         "stream",

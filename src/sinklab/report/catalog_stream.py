@@ -18,7 +18,6 @@ from sinklab.report.stages import (
 from sinklab.stream_summary import (
     block_size,
     collapse_sentence,
-    dense_collapse,
     method_line,
     plot_block_ppl,
     plot_running_ppl,
@@ -95,7 +94,6 @@ def _run(ctx: StageContext) -> StageOutput:
     result = streaming_perplexity(ctx.loaded.model, ctx.ids(p["tokens"]), config, callback)
     attach_meta(result, ctx.loaded.info, ctx.text, config, time.perf_counter() - start)
     data = result.to_json()
-    data["dense_collapse"] = dense_collapse(data)
     figs = [_figure(ctx, data), _block_figure(ctx, data)]
     return StageOutput(data, figs, [_table(data)], _notes(data))
 
