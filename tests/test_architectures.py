@@ -248,6 +248,13 @@ def test_sink_cache(built, row):
     _record(row, "sink cache", run)
 
 
+def _eager_nll(model, ids: torch.Tensor) -> torch.Tensor:
+    """Each next token's NLL (T - 1,) from one plain forward over ``ids``: the reference."""
+    with torch.no_grad():
+        logits = model(ids[None]).logits[0, :-1].double()
+    return torch.nn.functional.cross_entropy(logits, ids[1:], reduction="none")
+
+
 @pytest.mark.parametrize("row", ROWS)
 def test_ablate_mask_sink(built, row):
     from sinklab.ablate.registry import run_experiment
@@ -257,9 +264,7 @@ def test_ablate_mask_sink(built, row):
     def run():
         model.set_attn_implementation(_impl(model))
         result = run_experiment("mask-sink", model, None, ids)
-        with torch.no_grad():
-            logits = model(ids[None]).logits[0, 1:-1].double()
-        nll = torch.nn.functional.cross_entropy(logits, ids[2:])
+        nll = _eager_nll(model, ids)[1:].mean()  # the targets from position 2 on
         never, masked = result.conditions["never"], result.conditions["all layers"]
         assert never["perplexity"] == pytest.approx(math.exp(float(nll)), rel=1e-6)
         # masked, only query 0 (which sees nothing else) still attends to key 0
@@ -278,9 +283,7 @@ def test_stream_dense(built, row):
     def run():
         model.set_attn_implementation(_impl(model))
         nll, most, _ = stream_nll(model, ids, CacheConfig("dense", 2, 6))
-        with torch.no_grad():
-            logits = model(ids[None]).logits[0, :-1].double()
-        want = torch.nn.functional.cross_entropy(logits, ids[1:], reduction="none")
+        want = _eager_nll(model, ids)
         torch.testing.assert_close(nll, want, atol=1e-4, rtol=1e-4)
         assert most == ids.numel() - 1
 
