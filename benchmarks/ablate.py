@@ -18,7 +18,7 @@ import torch
 from sinklab.ablate import EXPERIMENTS, AblationConfig, run_experiment
 from sinklab.corpus import documents, token_stream
 from sinklab.meta import attach_meta, versions
-from sinklab.models import load_model
+from sinklab.models.loading import load_model
 
 
 def main() -> None:

@@ -60,7 +60,7 @@ def worker(part: str, args: argparse.Namespace) -> dict[str, Any]:
     from sinklab.ablate import AblationConfig, run_experiment
     from sinklab.corpus import documents, token_stream
     from sinklab.meta import attach_meta
-    from sinklab.models import load_model
+    from sinklab.models.loading import load_model
 
     torch.set_num_threads(args.threads)
     loaded = load_model(args.model)

@@ -19,7 +19,7 @@ CHILD = """
 import resource, sys, time, torch
 torch.set_num_threads(int(sys.argv[1]))
 t = time.perf_counter()
-from sinklab.models import load_model
+from sinklab.models.loading import load_model
 loaded = load_model()
 seconds = time.perf_counter() - t
 rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024

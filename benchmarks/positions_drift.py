@@ -62,7 +62,7 @@ def main(argv: list[str] | None = None) -> dict:
 
     from sinklab.corpus import load_text, token_stream
     from sinklab.meta import versions, write_json_atomic
-    from sinklab.models import load_model
+    from sinklab.models.loading import load_model
 
     torch.set_num_threads(args.threads)
     loaded = load_model(args.model)

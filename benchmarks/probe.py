@@ -24,7 +24,7 @@ import json, resource, sys, time, torch
 mode, n, threads, model_spec = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
 torch.set_num_threads(threads)
 from sinklab.corpus import load_text, token_stream
-from sinklab.models import load_model
+from sinklab.models.loading import load_model
 lm = load_model(None if model_spec == "default" else model_spec)
 m = lm.model
 ids = token_stream(load_text("shakespeare"), lm.tokenizer, n)

@@ -38,7 +38,7 @@ def worker(dtype: str, tokens: int, model: str | None, threads: int, q0: int, ou
     torch.set_num_threads(threads)
     from sinklab.corpus import load_text, token_stream
     from sinklab.memory import rss_mb
-    from sinklab.models import load_model
+    from sinklab.models.loading import load_model
     from sinklab.probe import ProbeConfig, probe
 
     t = time.perf_counter()

@@ -2,7 +2,7 @@
 sink decode against plain ``DynamicCache`` at the same cache length, and the peers a user would
 pick instead (attention-sinks 0.4.0, kvpress 0.5.5), each in its own venv made here.
 
-Every policy runs through the library's own loop (``sinklab.streaming.run_policy``: the protocol,
+Every policy runs through the library's own loop (``stream.evaluate.run_policy``: the protocol,
 the oracle, the NLL and sink-auto's prefix rule are sinklab's, so these numbers cannot drift from
 ``sinklab stream``), ``--method step`` (default: one token per forward, the ms/token a decoder
 sees) or ``chunked``. Every measured run is a fresh process (``--worker SPEC``). Sizes are
@@ -57,7 +57,7 @@ def decode_worker(spec: dict, model, ids) -> dict:
     import torch
     from transformers import DynamicCache
 
-    from sinklab.cache import CacheConfig, SinkCache
+    from sinklab.stream.cache import CacheConfig, SinkCache
 
     n_sink, window, ms = spec["n_sink"], spec["window"], []
     steps, length = spec["steps"], n_sink + window
@@ -89,7 +89,7 @@ def _dynamic_cache_loop(model, ids, out, tick) -> int:
     import torch
     from transformers import DynamicCache
 
-    from sinklab.streaming import _target_nll
+    from sinklab.stream.evaluate import _target_nll
 
     cache, n = DynamicCache(), ids.numel() - 1
     with torch.inference_mode():
@@ -102,12 +102,13 @@ def _dynamic_cache_loop(model, ids, out, tick) -> int:
 
 def worker(spec: dict) -> dict:
     """One measurement. ``kind`` decode: :func:`decode_worker`; stream: one policy through the
-    library's own loop (:func:`sinklab.streaming.run_policy`: protocol, oracle, NLL, sink-auto's
+    library's own loop (:func:`~sinklab.stream.evaluate.run_policy`:
+    protocol, oracle, NLL, sink-auto's
     prefix rule), ``method`` step (default) or chunked, timed between its progress callbacks."""
     import torch
 
-    from sinklab.models import load_model
-    from sinklab.streaming import StreamConfig, rss_mb, run_policy
+    from sinklab.models.loading import load_model
+    from sinklab.stream.evaluate import StreamConfig, rss_mb, run_policy
 
     torch.set_num_threads(spec["threads"])
     model = load_model(spec.get("model")).model
@@ -319,7 +320,7 @@ def ensure_peer_venv(name: str) -> tuple[Path | None, str | None]:
 
 def peer_model_dir() -> Path:
     """The dequantized SmolLM2 with a config transformers 4.34 can read (``rope_theta``)."""
-    from sinklab.models import _smollm2_cached_folder, file_sha256, smollm2_gguf_path
+    from sinklab.models.loading import _smollm2_cached_folder, file_sha256, smollm2_gguf_path
 
     gguf = smollm2_gguf_path()
     src = _smollm2_cached_folder(gguf, file_sha256(gguf))
@@ -399,7 +400,7 @@ def main() -> None:
     import transformers
 
     from sinklab.corpus import load_text, token_stream
-    from sinklab.models import load_model
+    from sinklab.models.loading import load_model
 
     WORK.mkdir(parents=True, exist_ok=True)
     tok = load_model().tokenizer

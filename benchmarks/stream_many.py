@@ -1,5 +1,5 @@
 """Decode throughput of B independent streams in one SinkCache (sinklab's own loop,
-``sinklab.generation.StreamBatch``) on the embedded SmolLM2, B = 1, 4, 8, 16.
+``sinklab.stream.generation.StreamBatch``) on the embedded SmolLM2, B = 1, 4, 8, 16.
 
 Each stream reads its own prompt from the default corpus (different starts and lengths, longer
 than the cache, so every stream is evicting), then every step decodes one greedy token for every
@@ -29,10 +29,10 @@ def child(
     """One process, one batch size: -> {b, step_s (list), prompt_s, kept}."""
     import torch
 
-    from sinklab.cache import CacheConfig
     from sinklab.corpus import load_text, token_stream
-    from sinklab.generation import StreamBatch
-    from sinklab.models import load_model
+    from sinklab.models.loading import load_model
+    from sinklab.stream.cache import CacheConfig
+    from sinklab.stream.generation import StreamBatch
 
     torch.set_num_threads(threads)
     m = load_model(model)

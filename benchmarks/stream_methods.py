@@ -43,8 +43,8 @@ def oracle_time(mode: str, ids_file: str, threads: int, batch: int = 16) -> dict
     SmolLM2 4 + 508, every 97th target of the first 2,000 tokens: T(all) - T(early targets)."""
     import torch
 
-    from sinklab.models import load_model
-    from sinklab.oracle import recompute_nll, recompute_nll_batched
+    from sinklab.models.loading import load_model
+    from sinklab.stream.oracle import recompute_nll, recompute_nll_batched
 
     torch.set_num_threads(threads)
     model = load_model().model

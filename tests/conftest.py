@@ -144,6 +144,6 @@ def bert_dir(tmp_path_factory, tiny_tokenizer) -> Path:
 @pytest.fixture(scope="session")
 def smollm2():
     """The real embedded SmolLM2-135M (dequantized and cached on first use)."""
-    from sinklab.models import load_model
+    from sinklab.models.loading import load_model
 
     return load_model()

@@ -1,4 +1,4 @@
-"""A naive StreamingLLM reference for any transformers decoder, independent of sinklab.cache.
+"""A naive StreamingLLM reference for any transformers decoder, independent of sinklab.stream.cache.
 
 :class:`NaiveStreamingCache` keeps every kept token's key and value exactly as the model produced
 them (rotated at the token's own stream position) and, at every step, hands the model the kept

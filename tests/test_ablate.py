@@ -11,8 +11,8 @@ import torch.nn.functional as F
 from conftest import make_tiny_model
 from helpers import assert_one_line_error, run_main
 from sinklab.ablate import EXPERIMENTS, AblationConfig, get_experiment, perplexity, run_experiment
+from sinklab.ablate.first_token import first_token
 from sinklab.errors import SinklabError
-from sinklab.interventions import first_token
 from sinklab.meta import attach_meta
 
 

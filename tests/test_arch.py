@@ -1,4 +1,5 @@
-"""sinklab.arch's one way to read a model's decoder config, its shape and its attention modules."""
+"""sinklab.models.arch's one way to read a model's decoder config, its shape and its attention
+modules."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 from archs import arch_model
-from sinklab.arch import (
+from sinklab.models.arch import (
     attention_modules,
     block_attention,
     decoder_config,

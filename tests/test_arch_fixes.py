@@ -9,9 +9,9 @@ import torch
 
 from archs import arch_config, arch_model
 from helpers import CliRun, assert_one_line_error, run_main
-from sinklab.cache import CacheConfig, SinkCache
 from sinklab.errors import SinklabError
-from sinklab.rotary import ALIBI, ROPE, position_scheme, rope_of
+from sinklab.models.rotary import ALIBI, ROPE, position_scheme, rope_of
+from sinklab.stream.cache import CacheConfig, SinkCache
 from streamref import naive_logits
 
 
@@ -104,7 +104,7 @@ def test_dense_needs_no_rope(tiny_model_dir, tmp_path, capsys):
 
 
 def test_info_facts_gptj_is_rotary_falcon_kv_heads():
-    from sinklab.arch import kv_heads
+    from sinklab.models.arch import kv_heads
 
     assert position_scheme(arch_config("gptj")) == ROPE
     falcon = arch_config("falcon")
@@ -153,7 +153,7 @@ def test_alibi_refusals_say_why(family, overrides, why):
 @pytest.mark.parametrize("policy", ["dense", "sink"])
 def test_chunked_refuses_sliding_and_nope_layers(policy):
     """--method chunked scored sliding layers as global (gemma2 dense: 3 nats off, silently)."""
-    from sinklab.chunked import chunked_nll
+    from sinklab.stream.band import chunked_nll
 
     for model in (arch_model("gemma2"), arch_model("smollm3", no_rope_layers=[0, 1])):
         with pytest.raises(SinklabError, match="use --method step"):

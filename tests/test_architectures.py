@@ -4,7 +4,7 @@ Each cell is OK only when the feature's numbers equal an independent computation
 
 * ``probe``: the weights sinklab's attention seam sees equal eager ``output_attentions`` (1e-5),
   and the probe's per-head sink / diagonal / previous-token masses equal means of those weights;
-* ``sink cache``: :class:`~sinklab.cache.SinkCache` (2 sinks + 6 recent, 24 tokens: 16 steps
+* ``sink cache``: :class:`~sinklab.stream.cache.SinkCache` (2 sinks + 6 recent, 24 tokens: 16 steps
   after the first eviction) equals the naive StreamingLLM of ``tests/streamref.py`` (1e-4), and
   its layer-0 keys moved to positions 0..n-1 equal the model's own keys computed there;
 * ``ablate mask-sink``: runs; its unmasked perplexity equals one computed from the logits, and
@@ -12,7 +12,7 @@ Each cell is OK only when the feature's numbers equal an independent computation
 * ``stream dense``: the dense policy equals the model's own next-token losses;
 * ``stream chunked``: ``--method chunked`` (8 queries per forward) equals the step loop (1e-4);
 * ``stream (default)``: ``sinklab stream``'s default ``--method auto`` (chunked where
-  :func:`sinklab.chunked.chunked_refusal` finds nothing against the model, else step) runs, and
+  :func:`sinklab.stream.band.chunked_refusal` finds nothing against the model, else step) runs, and
   its sink-policy NLLs equal the step loop's (1e-4, 24 tokens); the cell names the method auto
   chose.
 
@@ -32,10 +32,10 @@ import transformers
 
 from archs import FAMILIES, arch_model
 from helpers import Recorder
-from sinklab.arch import attn_implementation
-from sinklab.cache import CacheConfig, SinkCache
 from sinklab.errors import SinklabError
+from sinklab.models.arch import attn_implementation
 from sinklab.seam import sinklab_attention
+from sinklab.stream.cache import CacheConfig, SinkCache
 from streamref import naive_logits
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "architectures.md"
@@ -276,7 +276,7 @@ def test_ablate_mask_sink(built, row):
 
 @pytest.mark.parametrize("row", ROWS)
 def test_stream_dense(built, row):
-    from sinklab.streaming import stream_nll
+    from sinklab.stream.evaluate import stream_nll
 
     model, ids = built(row), _ids(20, seed=3)
 
@@ -292,8 +292,8 @@ def test_stream_dense(built, row):
 
 @pytest.mark.parametrize("row", ROWS)
 def test_stream_chunked(built, row):
-    from sinklab.chunked import chunked_nll
-    from sinklab.streaming import stream_nll
+    from sinklab.stream.band import chunked_nll
+    from sinklab.stream.evaluate import stream_nll
 
     model, ids = built(row), _ids(40, seed=4)
 
@@ -310,7 +310,7 @@ def test_stream_chunked(built, row):
 
 @pytest.mark.parametrize("row", ROWS)
 def test_stream_default(built, row):
-    from sinklab.streaming import StreamConfig, stream_nll, streaming_perplexity
+    from sinklab.stream.evaluate import StreamConfig, stream_nll, streaming_perplexity
 
     model, ids = built(row), _ids(24, seed=4)
 

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from sinklab.corpus import load_text, token_stream
-from sinklab.models import load_model
+from sinklab.models.loading import load_model
 from sinklab.probe import ProbeConfig, probe
 
 BENCH = Path(__file__).resolve().parents[1] / "benchmarks" / "probe_dtype.py"

@@ -9,8 +9,8 @@ import pytest
 import torch
 import transformers
 
-from sinklab.cache import CacheConfig, SinkCache, kept_positions
 from sinklab.errors import SinklabError
+from sinklab.stream.cache import CacheConfig, SinkCache, kept_positions
 
 FAMILIES = ("llama", "mistral", "qwen2", "gemma")
 
@@ -25,7 +25,7 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
 def naive_streaming_logits(
     model, ids: list[int], sinks: set[int], recent: int | None, chunks: list[int] | None = None
 ) -> torch.Tensor:
-    """StreamingLLM's semantics written out by hand, independently of sinklab.cache.
+    """StreamingLLM's semantics written out by hand, independently of sinklab.stream.cache.
 
     Each token's keys and values are computed once, when it is read, and stored un-rotated.
     At every step the context is [kept tokens in text order] + [the new tokens]; they are rotated

@@ -8,9 +8,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from sinklab.cache import CacheConfig, SinkCache
 from sinklab.errors import SinklabError
-from sinklab.generation import StreamBatch
+from sinklab.stream.cache import CacheConfig, SinkCache
+from sinklab.stream.generation import StreamBatch
 
 
 @pytest.fixture(scope="module")

@@ -9,9 +9,9 @@ import itertools
 import pytest
 import torch
 
-from sinklab.cache import CacheConfig, SinkCache
 from sinklab.errors import SinklabError
-from sinklab.streaming import stream_nll
+from sinklab.stream.cache import CacheConfig, SinkCache
+from sinklab.stream.evaluate import stream_nll
 
 MAX_POS = 32
 
@@ -104,7 +104,7 @@ def test_prepare_refuses_bad_counts(short_model):
 @pytest.mark.filterwarnings("ignore::FutureWarning")
 def test_generate_is_bounded_and_equals_model_generate(short_model, tiny_tokenizer):
     """sinklab's generate (bounded positions) picks the tokens model.generate (unbounded) picks."""
-    from sinklab.generation import GenerateConfig, generate
+    from sinklab.stream.generation import GenerateConfig, generate
 
     prompt = torch.randint(3, 500, (20,), generator=torch.Generator().manual_seed(3))
     cfg = GenerateConfig(max_new_tokens=5 * MAX_POS, n_sink=2, window=6, stop_at_eos=False)

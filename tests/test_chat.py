@@ -13,9 +13,9 @@ import pytest
 import torch
 
 from helpers import one_line_error, run_main
-from sinklab.chat import ChatConfig, ChatSession
 from sinklab.errors import SinklabError
-from sinklab.generation import GenerateConfig
+from sinklab.stream.chat import ChatConfig, ChatSession
+from sinklab.stream.generation import GenerateConfig
 
 TEMPLATE = (
     "{% for m in messages %}<s> {{ m['role'] }} {{ m['content'] }} </s> {% endfor %}"
@@ -112,7 +112,7 @@ def test_many_turns_stay_within_sinks_plus_window(chat_model, chat_tokenizer):
 )
 def test_chat_and_generate_configs_check_alike(config, bad, message):
     """Both decoding configs reject the same values with the same words (one check,
-    ``sinklab.generation.check_decoding``); their own chunk sizes too."""
+    ``sinklab.stream.generation.check_decoding``); their own chunk sizes too."""
     with pytest.raises(SinklabError, match=message):
         config(**bad)
     chunk = "prompt_chunk" if config is ChatConfig else "prefill_chunk"

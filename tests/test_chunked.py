@@ -12,11 +12,11 @@ import time
 import pytest
 import torch
 
-from sinklab.cache import CacheConfig, SinkCache, kept_positions
-from sinklab.chunked import chunked_nll, plan_chunk, window_starts
 from sinklab.errors import SinklabError
-from sinklab.oracle import recompute_nll, recompute_nll_batched
-from sinklab.streaming import StreamConfig, stream_nll, streaming_perplexity
+from sinklab.stream.band import chunked_nll, plan_chunk, window_starts
+from sinklab.stream.cache import CacheConfig, SinkCache, kept_positions
+from sinklab.stream.evaluate import StreamConfig, stream_nll, streaming_perplexity
+from sinklab.stream.oracle import recompute_nll, recompute_nll_batched
 
 FAMILIES = ("llama", "mistral", "qwen2", "gemma")
 TOL = 2e-4
@@ -110,7 +110,7 @@ def test_the_equality_is_sensitive(models):
     sink, _, _ = chunked_nll(model, ids, CacheConfig("sink", 2, 6), 16)
     window, _, _ = chunked_nll(model, ids, CacheConfig("window", 2, 6), 16)
     assert float((sink - window).abs().max()) > 100 * TOL
-    import sinklab.chunked as chunked
+    import sinklab.stream.band as chunked
 
     real = chunked.plan_chunk
 
@@ -176,7 +176,7 @@ def test_chunked_refusal_is_the_one_decision_made_before_any_forward(family, ove
     """chunked_refusal decides from the model alone; chunked_nll refuses with exactly its reason
     before the model runs (or equals the step loop), and StreamConfig's methods follow it."""
     from archs import arch_model
-    from sinklab.chunked import chunked_refusal
+    from sinklab.stream.band import chunked_refusal
 
     model, cfg, ids = arch_model(family, **overrides), CacheConfig("sink", 2, 6), _ids(24) % 120
     forwards = []
@@ -224,7 +224,7 @@ def test_dense_alone_streams_by_auto_on_models_whose_keys_cannot_move(family, me
     the stream's), on hybrids (chunked scores sliding layers as global) and on models outside
     AttentionInterface by step; every way, the model's own next-token losses."""
     from archs import arch_model
-    from sinklab.arch import attn_implementation
+    from sinklab.models.arch import attn_implementation
     from sinklab.seam import register
 
     register()

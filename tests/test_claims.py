@@ -96,8 +96,8 @@ def test_probe_claims_match_eager_attention(tiny, tiny_tokenizer):
 
 
 def test_stream_claim_is_the_log_ppl_ratio_after_eviction(tiny, tiny_tokenizer):
-    from sinklab.cache import CacheConfig
-    from sinklab.streaming import stream_nll
+    from sinklab.stream.cache import CacheConfig
+    from sinklab.stream.evaluate import stream_nll
 
     cfg = ClaimsConfig(**SMALL, claims=("evict-sinks-collapse",))
     result = run_claims(tiny, tiny_tokenizer, cfg)

@@ -99,12 +99,12 @@ def test_the_claims_table_in_words():
     ],
 )
 def test_bad_inputs_are_one_line(capsys, extra, needle, monkeypatch):
-    import sinklab.models
+    import sinklab.models.loading
 
     def refuse(*a, **k):
         raise AssertionError("the model loaded before the inputs were checked")
 
-    monkeypatch.setattr(sinklab.models, "load_model", refuse)
+    monkeypatch.setattr(sinklab.models.loading, "load_model", refuse)
     code, _, err = run_main(capsys, "claims", "--model", "/never/loaded", *extra)
     one_line_error(code, err, needle)
 

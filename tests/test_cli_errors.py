@@ -73,12 +73,12 @@ CHEAP = {
 
 @pytest.mark.parametrize("case", list(CHEAP))
 def test_cheap_mistakes_are_one_line(capsys, monkeypatch, case):
-    import sinklab.models
+    import sinklab.models.loading
 
     def no_load(*a, **k):
         raise AssertionError("the model was loaded before a cheap check")
 
-    monkeypatch.setattr(sinklab.models, "load_model", no_load)
+    monkeypatch.setattr(sinklab.models.loading, "load_model", no_load)
     args, needle = CHEAP[case]
     assert_one_line_error(run_main(capsys, *args), needle)
 
@@ -128,7 +128,7 @@ def _interrupt(*a, **k):
     ("args", "target"),
     [
         (["probe", "--tokens", "16"], "sinklab.probe.run.probe"),
-        (["generate", "--prompt", "To be", "--window", "8"], "sinklab.generation.generate"),
+        (["generate", "--prompt", "To be", "--window", "8"], "sinklab.stream.generation.generate"),
     ],
 )
 def test_ctrl_c_prints_one_line(capsys, monkeypatch, tmp_path, tiny_model_dir, args, target):

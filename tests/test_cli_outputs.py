@@ -58,10 +58,10 @@ def no_work(monkeypatch):
     import sinklab.lab.cost
     import sinklab.lab.sweep
     import sinklab.lab.train
-    import sinklab.models
+    import sinklab.models.loading
 
     for target, name in (
-        (sinklab.models, "load_model"),
+        (sinklab.models.loading, "load_model"),
         (sinklab.lab.cost, "run_cost"),
         (sinklab.lab.train, "train"),
         (sinklab.lab.sweep, "run_sweep"),
@@ -120,7 +120,7 @@ def _boom(*a, **k):
 # where each command is stopped part-way (after some of its files exist in the temporary folder)
 SABOTAGE = {
     "probe": "sinklab.probe.plots.plot_layer_curves",
-    "stream": "sinklab.stream_summary.plot_running_ppl",
+    "stream": "sinklab.stream.summary.plot_running_ppl",
     "ablate": "sinklab.ablate.core.AblationResult.figure",
     "cost": "sinklab.lab.plots.plot_cost",
     "generate": "sinklab.outputs._swap_into_place",

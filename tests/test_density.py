@@ -11,7 +11,7 @@ from helpers import assert_one_line_error, run_main
 from sinklab.ablate import AblationConfig, run_experiment
 from sinklab.ablate.density import after_group, density_verdict
 from sinklab.errors import SinklabError
-from sinklab.interventions import (
+from sinklab.seam.interventions import (
     AttentionMix,
     AttentionReplace,
     AttentionTemperature,

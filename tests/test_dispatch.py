@@ -5,7 +5,8 @@ ablation experiment, and the CLI.
 
 The device map puts the input embedding, the middle decoder layer and the LM head on disk: their
 weights are ``meta`` between forwards, so the first parameter's device says nothing and inputs
-must go where the embedding runs (:func:`sinklab.arch.input_device`). The layers on CPU and on
+must go where the embedding runs (:func:`sinklab.models.arch.input_device`). The layers on CPU and
+on
 disk are also two placements of the same device type, which is what a CPU machine can simulate of
 modules on different devices. The tiny model has ``max_position_embeddings`` 32, so a 45-token
 stream crosses the position bound and the sink cache and the chunked band re-rotate their keys.
@@ -26,12 +27,12 @@ import torch
 from conftest import make_tiny_model
 from helpers import run_main
 from sinklab.ablate import EXPERIMENTS, AblationConfig, run_experiment
-from sinklab.arch import compute_dtype, input_device, mapped_device
-from sinklab.chat import ChatConfig, ChatSession
-from sinklab.generation import GenerateConfig, StreamBatch, generate
-from sinklab.models import load_model
-from sinklab.policy import CacheConfig
-from sinklab.streaming import StreamConfig, streaming_perplexity
+from sinklab.models.arch import compute_dtype, input_device, mapped_device
+from sinklab.models.loading import load_model
+from sinklab.stream.chat import ChatConfig, ChatSession
+from sinklab.stream.evaluate import StreamConfig, streaming_perplexity
+from sinklab.stream.generation import GenerateConfig, StreamBatch, generate
+from sinklab.stream.policy import CacheConfig
 
 OFFLOAD = {
     "model.embed_tokens": "disk",
@@ -228,7 +229,7 @@ def _cli_numbers(tmp_path, capsys, monkeypatch, command: list[str], result: str)
     """Run ``command`` twice through the CLI: ``--device cpu``, then ``--device auto`` with
     accelerate's map replaced by OFFLOAD (a CPU machine's ``auto`` puts every weight on the
     CPU: no dispatch at all). -> the numbers of each run's ``result`` file."""
-    import sinklab.models as models
+    import sinklab.models.loading as models
 
     monkeypatch.setenv("SINKLAB_CACHE", str(tmp_path / "cache"))
     real = models.device_map_for
@@ -351,7 +352,7 @@ def test_sink_cache_layers_on_two_devices():
     """Layer 0's keys on the CPU, layer 1's on meta, through evictions and two rebases (the
     rebase re-rotates every layer's kept keys): layer 0 gives the all-CPU cache's keys exactly,
     layer 1 stays on its device with the same shapes."""
-    from sinklab.cache import SinkCache
+    from sinklab.stream.cache import SinkCache
 
     model = make_tiny_model("llama", n_layers=2, initializer_range=0.2)
     ref, mixed = (SinkCache(model, CacheConfig("sink", 2, 4), max_position=12) for _ in "ab")
@@ -374,8 +375,8 @@ def test_chunked_band_layers_on_two_devices():
     """The chunked band (sinks detached, so queries are rotated back; a rebase of the kept
     keys): a meta layer beside a CPU layer works, and the CPU layer's output is the one it
     gives alone."""
-    from sinklab.chunked import BandState, plan_chunk
-    from sinklab.rotary import rope_of
+    from sinklab.models.rotary import rope_of
+    from sinklab.stream.band import BandState, plan_chunk
 
     model = make_tiny_model("llama", n_layers=2, initializer_range=0.2)
     rope = rope_of(model)

@@ -12,9 +12,9 @@ import torch
 from conftest import make_tiny_model
 from helpers import assert_one_line_error, run_main
 from sinklab.cli import main
-from sinklab.models import load_model
+from sinklab.models.loading import load_model
 from sinklab.probe import probe
-from sinklab.streaming import StreamConfig, streaming_perplexity
+from sinklab.stream.evaluate import StreamConfig, streaming_perplexity
 
 OFFLOAD = {
     "model.embed_tokens": "cpu",

@@ -5,9 +5,11 @@ import torch
 
 from conftest import make_tiny_model
 from helpers import Recorder
+from sinklab.ablate.first_token import first_token
 from sinklab.attention import sink_softmax
 from sinklab.errors import SinklabError
-from sinklab.interventions import (
+from sinklab.seam import AttentionHandler, sinklab_attention
+from sinklab.seam.interventions import (
     AttentionMix,
     AttentionReplace,
     AttentionTemperature,
@@ -15,13 +17,11 @@ from sinklab.interventions import (
     SinkLogit,
     attention_mix,
     attention_temperature,
-    first_token,
     intervene,
     jacobian_sensitivity,
     mask_sink,
     sink_logit,
 )
-from sinklab.seam import AttentionHandler, sinklab_attention
 
 
 @pytest.fixture(scope="module")

@@ -74,7 +74,7 @@ def test_bad_config_is_one_sinklab_error():
 
 def test_checkpoint_loads_through_load_model(tmp_path, tiny_tokenizer):
     from sinklab.lab import register
-    from sinklab.models import load_model
+    from sinklab.models.loading import load_model
     from sinklab.probe import probe
 
     register()  # explicit: the core never imports the lab (the CLI registers it)
@@ -92,7 +92,7 @@ def test_checkpoint_loads_through_load_model(tmp_path, tiny_tokenizer):
 
 
 def test_an_unregistered_lab_type_is_a_one_line_refusal(tmp_path):
-    from sinklab.models import load_model
+    from sinklab.models.loading import load_model
 
     (tmp_path / "config.json").write_text('{"model_type": "sinklab-nosuch"}')
     with pytest.raises(SinklabError, match=r"call sinklab\.lab\.register\(\) before loading"):

@@ -14,7 +14,7 @@ from sinklab.lab.data import DATA_STRATEGIES, DataConfig, LabData
 from sinklab.lab.model import LAB_VARIANTS
 from sinklab.lab.train import build_model, checkpoint_steps, probe_summary, train
 from sinklab.meta import META_KEYS
-from sinklab.models import file_sha256
+from sinklab.models.loading import file_sha256
 from sinklab.probe import ProbeConfig, probe
 
 TINY = dict(

@@ -14,7 +14,7 @@ from safetensors.torch import save_file
 
 from archs import arch_model
 from helpers import assert_one_line_error, run_main
-from sinklab.models import load_model
+from sinklab.models.loading import load_model
 
 
 @pytest.fixture

@@ -5,8 +5,8 @@ import torch
 
 from sinklab.corpus import load_text, token_stream
 from sinklab.errors import SinklabError
-from sinklab.models import load_model
-from sinklab.rotary import ABSOLUTE, ROPE
+from sinklab.models.loading import load_model
+from sinklab.models.rotary import ABSOLUTE, ROPE
 
 
 def test_local_folder_loads_with_facts(tiny_model_dir):
@@ -48,7 +48,7 @@ def test_embedded_smollm2_predicts_english(smollm2):
 def test_cached_load_is_bit_identical_to_gguf(smollm2):
     from transformers import AutoModelForCausalLM
 
-    from sinklab.models import smollm2_gguf_path
+    from sinklab.models.loading import smollm2_gguf_path
 
     gguf = smollm2_gguf_path()
     direct = AutoModelForCausalLM.from_pretrained(

@@ -9,7 +9,7 @@ from sinklab.errors import SinklabError
 from sinklab.probe import ProbeConfig, probe, probe_lengths
 from sinklab.probe import metrics as M
 from sinklab.probe.capture import ProbeCapture
-from sinklab.seam import AttentionHandler, binding, chunked, sinklab_attention
+from sinklab.seam import AttentionHandler, binding, blocks, sinklab_attention
 
 
 def eager(model, ids):
@@ -43,7 +43,7 @@ def check_weights_and_logits(model, ids, logits_atol: float = 1e-5) -> float:
 
 @pytest.fixture
 def small_chunks(monkeypatch):
-    monkeypatch.setattr(chunked, "CHUNK_BYTES", 4 * 4 * 40 * 6)  # about 6 query rows a chunk
+    monkeypatch.setattr(blocks, "CHUNK_BYTES", 4 * 4 * 40 * 6)  # about 6 query rows a chunk
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -158,7 +158,7 @@ def test_bad_inputs_raise_one_error():
 def test_smollm2_weights_equal_eager_on_short_input(smollm2, monkeypatch):
     from sinklab.corpus import load_text, token_stream
 
-    monkeypatch.setattr(chunked, "CHUNK_BYTES", 9 * 32 * 4 * 8)  # 8 rows a chunk
+    monkeypatch.setattr(blocks, "CHUNK_BYTES", 9 * 32 * 4 * 8)  # 8 rows a chunk
     ids = token_stream(load_text("shakespeare"), smollm2.tokenizer, 32)
     # 30 float32 layers round differently from SDPA's kernel: logits (|x| ~ 20) agree to ~5e-5,
     # as eager attention's own logits do; the weights still agree to 1e-5.

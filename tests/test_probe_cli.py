@@ -137,7 +137,7 @@ def test_tokens_beyond_text_and_positions(capsys, tmp_path: Path, tiny_model_dir
 
 def test_uncapturable_model_says_which(capsys, tmp_path: Path, tiny_tokenizer):
     # Falcon computes attention in its own forward, not through AttentionInterface (BioGPT,
-    # used here before, does dispatch through it: sinklab.arch.dispatches_attention)
+    # used here before, does dispatch through it: sinklab.models.arch.dispatches_attention)
     from transformers import FalconConfig, FalconForCausalLM
 
     cfg = FalconConfig(

@@ -38,7 +38,7 @@ STAGE_LIBRARIES = {
     "claims": "sinklab.claims",
     "probe": "sinklab.probe",
     "probe-lengths": "sinklab.probe",
-    "stream": "sinklab.streaming",
+    "stream": "sinklab.stream.evaluate",
     "first-token": "sinklab.ablate",
     "mask-sink": "sinklab.ablate",
     "density": "sinklab.ablate",
@@ -286,7 +286,7 @@ def test_sigint_leaves_previous_report_intact(quick_report: Path, tiny_model_dir
 def test_failing_stage_shows_error_and_others_remain(tiny_model_dir, tmp_path):
     from sinklab.corpus import load_text
     from sinklab.figures import curves
-    from sinklab.models import load_model
+    from sinklab.models.loading import load_model
     from sinklab.report import ReportConfig, Stage, StageOutput, build_report, select_stages
     from sinklab.report.stages import Cell, FigureSpec, TableSpec
 

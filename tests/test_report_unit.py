@@ -24,7 +24,7 @@ from sinklab.report.stages import (
     describe_error,
 )
 from sinklab.report.summary import headline
-from sinklab.stream_summary import stream_sentence
+from sinklab.stream.summary import stream_sentence
 
 PROBE = {
     "meta": {"params": {"q0": 16, "tokens": 512, "eps": [0.3, 0.8]}},

@@ -5,7 +5,7 @@ import torch
 
 from conftest import FAMILIES, make_tiny_model
 from helpers import Recorder
-from sinklab.seam import AttentionHandler, binding, chunked, sinklab_attention
+from sinklab.seam import AttentionHandler, binding, blocks, sinklab_attention
 
 
 def eager_attentions(model, ids):
@@ -24,7 +24,7 @@ def test_weights_equal_eager_and_logits_unchanged(family, monkeypatch):
     with torch.no_grad():
         base = model(ids).logits
     eager = eager_attentions(model, ids)
-    monkeypatch.setattr(chunked, "CHUNK_BYTES", 4 * 4 * 2 * 37 * 5)  # 5 query rows a chunk
+    monkeypatch.setattr(blocks, "CHUNK_BYTES", 4 * 4 * 2 * 37 * 5)  # 5 query rows a chunk
     rec = Recorder()
     with sinklab_attention(model, rec), torch.no_grad():
         probed = model(ids).logits

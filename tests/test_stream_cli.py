@@ -124,12 +124,12 @@ def test_generate_streams_text_with_a_bounded_cache(capsys, tmp_path: Path, tiny
     ],
 )
 def test_cheap_mistakes_fail_before_the_model_loads(capsys, args, needle, monkeypatch):
-    import sinklab.models
+    import sinklab.models.loading
 
     def no_load(*a, **k):
         raise AssertionError("the model was loaded before a cheap check")
 
-    monkeypatch.setattr(sinklab.models, "load_model", no_load)
+    monkeypatch.setattr(sinklab.models.loading, "load_model", no_load)
     code, _, err = run_main(capsys, *args)
     one_line_error(code, err, needle)
 
@@ -175,12 +175,12 @@ def test_hybrid_model_streams_by_default_with_the_step_nlls(capsys, tmp_path, hy
 def test_method_chunked_on_a_hybrid_is_refused_before_any_work(
     capsys, tmp_path, hybrid_dir, monkeypatch
 ):
-    import sinklab.streaming
+    import sinklab.stream.evaluate
 
     def no_run(*a, **k):
         raise AssertionError("the stream ran before the refusal")
 
-    monkeypatch.setattr(sinklab.streaming, "streaming_perplexity", no_run)
+    monkeypatch.setattr(sinklab.stream.evaluate, "streaming_perplexity", no_run)
     code, _, err = run_main(
         capsys, "stream", "--model", str(hybrid_dir), *STREAM, "--method", "chunked",
         "--out", str(tmp_path / "s"),

@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from sinklab.errors import SinklabError
-from sinklab.generation import GenerateConfig, generate
-from sinklab.streaming import StreamConfig, segment_ppl, streaming_perplexity
+from sinklab.stream.evaluate import StreamConfig, segment_ppl, streaming_perplexity
+from sinklab.stream.generation import GenerateConfig, generate
 
 ALL = ("dense", "window", "sink", "recompute", "sink-auto")
 

@@ -1,7 +1,7 @@
 """sinklab: make attention sinks in transformer language models visible, measurable,
 exploitable and removable."""
 
-from sinklab.offline import enforce_offline
+from sinklab.models.offline import enforce_offline
 
 enforce_offline()  # before any Hugging Face import: sinklab never downloads, nor tries to
 

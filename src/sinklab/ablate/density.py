@@ -18,15 +18,15 @@ from torch import Tensor, nn
 
 from sinklab.ablate.core import AblationConfig, ProgressCallback
 from sinklab.ablate.perplexity import perplexity
-from sinklab.arch import model_shape
-from sinklab.interventions import (
+from sinklab.models.arch import model_shape
+from sinklab.probe.geometry import capture_geometry, middle_third
+from sinklab.probe.metrics import nan_mean
+from sinklab.seam.interventions import (
     AttentionMix,
     AttentionReplace,
     AttentionTemperature,
     intervene,
 )
-from sinklab.probe.geometry import capture_geometry, middle_third
-from sinklab.probe.metrics import nan_mean
 
 PROTOCOLS = ("mix", "temperature", "replace")
 DENSITY_SITES = ("residual", "attention_input")

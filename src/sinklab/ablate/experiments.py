@@ -11,18 +11,19 @@ import torch
 from torch import Tensor, nn
 
 from sinklab.ablate.core import AblationConfig, ProgressCallback, thirds
+from sinklab.ablate.first_token import first_token
 from sinklab.ablate.perplexity import perplexity
-from sinklab.arch import model_shape
 from sinklab.claims.effects import first_token_cosine_effect
 from sinklab.claims.registry import judge
 from sinklab.errors import SinklabError
-from sinklab.interventions import MaskSink, first_token, intervene, jacobian_sensitivity
+from sinklab.models.arch import model_shape
 from sinklab.probe import ProbeConfig, ProbeResult, probe
 from sinklab.probe.geometry import METRICS, SITES, middle_third
 from sinklab.probe.metrics import HEAD_KINDS, layer_means
 from sinklab.probe.metrics import nan_mean as mean  # NaN-skipping, as every per-head mean
 from sinklab.probe.spec import rate_key
 from sinklab.probe.summary import ranges
+from sinklab.seam.interventions import MaskSink, intervene, jacobian_sensitivity
 
 # The claims, as the findings name them (paper, then the claim).
 CLAIM_BOS = (

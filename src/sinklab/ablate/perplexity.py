@@ -11,8 +11,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from sinklab.arch import input_device
 from sinklab.errors import SinklabError
+from sinklab.models.arch import input_device
 
 
 @dataclass(frozen=True)

@@ -19,8 +19,8 @@ from torch import Tensor, nn
 
 from sinklab.ablate import density, experiments
 from sinklab.ablate.core import AblationConfig, AblationResult, ProgressCallback
-from sinklab.arch import model_shape
 from sinklab.errors import SinklabError
+from sinklab.models.arch import model_shape
 
 log = logging.getLogger(__name__)
 

@@ -17,8 +17,8 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from sinklab.arch import model_shape
 from sinklab.claims.effects import first_token_cosine_effect
+from sinklab.models.arch import model_shape
 
 Sample = tuple[str, Tensor]  # (name, ids (T,))
 Tick = Callable[[str], None]  # called once per (claim group, sample) done
@@ -83,7 +83,7 @@ def measure_stream(
     model: nn.Module, samples: Sequence[Sample], cfg: Any, tick: Tick
 ) -> dict[str, Measurement]:
     """evict-sinks-collapse: window vs sink policy, NLL on the targets after eviction starts."""
-    from sinklab.streaming import StreamConfig, streaming_perplexity
+    from sinklab.stream.evaluate import StreamConfig, streaming_perplexity
 
     start = cfg.n_sink + cfg.window  # after reading token t >= start, the cache has evicted
     m = Measurement(

@@ -133,9 +133,9 @@ def ablate(
     """
     from sinklab.ablate import AblationConfig, check_experiment, get_experiment, run_experiment
     from sinklab.ablate.inputs import experiment_ids
-    from sinklab.arch import model_shape
     from sinklab.corpus import load_text
     from sinklab.meta import attach_meta
+    from sinklab.models.arch import model_shape
     from sinklab.outputs import check_out, write_results
 
     # Cheap checks first: nothing loads before the arguments are known to be sane.

@@ -61,8 +61,8 @@ def chat(
 
     Example: printf 'Hi!\\nName three plays by Shakespeare.\\n/stats\\n' | sinklab chat
     """
-    from sinklab.chat import ChatConfig, ChatSession
     from sinklab.errors import SinklabError
+    from sinklab.stream.chat import ChatConfig, ChatSession
 
     config = ChatConfig(n_sink, window, max_new_tokens, temperature, seed, system)  # checks first
     loaded = load(model, dtype, device, trust_remote_code)

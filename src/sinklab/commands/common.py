@@ -160,7 +160,7 @@ def load(model: str | None, dtype: str, device: str, trust_remote_code: bool) ->
     lab's model types first, explicitly: to the commands a saved lab checkpoint is a model like
     any other (:func:`sinklab.lab.register`; library users call it themselves)."""
     from sinklab.lab import register
-    from sinklab.models import load_model
+    from sinklab.models.loading import load_model
 
     with stderr.status("loading model"):
         register()

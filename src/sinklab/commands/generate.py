@@ -55,10 +55,10 @@ def generate(
     Example: sinklab generate --prompt "ROMEO:" --max-new-tokens 20000 --ignore-eos
     """
     from sinklab.corpus import read_text_file
-    from sinklab.generation import GenerateConfig
-    from sinklab.generation import generate as run
     from sinklab.meta import attach_meta
     from sinklab.outputs import check_out, write_results
+    from sinklab.stream.generation import GenerateConfig
+    from sinklab.stream.generation import generate as run
 
     # cheap checks first: sizes and the prompt fail before the model loads
     config = GenerateConfig(

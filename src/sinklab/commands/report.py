@@ -19,7 +19,7 @@ from sinklab.commands.common import (
     stderr,
 )
 from sinklab.corpus import DEFAULT_TEXT, load_text
-from sinklab.models import DEFAULT_MODEL
+from sinklab.models.loading import DEFAULT_MODEL
 
 DEFAULT_OUT = Path("sinklab-report")
 

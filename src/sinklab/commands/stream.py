@@ -8,7 +8,6 @@ from typing import Annotated
 
 import typer
 
-from sinklab.cache import POLICIES
 from sinklab.commands.common import (
     DeviceOpt,
     DtypeOpt,
@@ -24,6 +23,7 @@ from sinklab.commands.common import (
     stderr,
 )
 from sinklab.errors import SinklabError
+from sinklab.stream.cache import POLICIES
 
 PolicyOpt = Annotated[
     str,
@@ -101,7 +101,8 @@ def stream(
     from sinklab.corpus import load_text, token_stream
     from sinklab.meta import attach_meta
     from sinklab.outputs import check_out, write_results
-    from sinklab.stream_summary import (
+    from sinklab.stream.evaluate import StreamConfig, streaming_perplexity
+    from sinklab.stream.summary import (
         block_size,
         collapse_sentence,
         method_line,
@@ -109,7 +110,6 @@ def stream(
         plot_running_ppl,
         policy_lines,
     )
-    from sinklab.streaming import StreamConfig, streaming_perplexity
 
     # cheap checks first: sizes, policies and the text fail before the model loads
     config = StreamConfig(

@@ -21,7 +21,8 @@
 
 def register() -> None:
     """Register the lab's model types (``sinklab-tiny``) with transformers' Auto classes, so that
-    :func:`sinklab.models.load_model` loads a saved lab checkpoint like any model (idempotent;
+    :func:`~sinklab.models.loading.load_model` loads
+    a saved lab checkpoint like any model (idempotent;
     every ``sinklab`` command that loads a model calls it)."""
     from sinklab.lab.model import register_lab_models
 

@@ -31,8 +31,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from sinklab.arch import input_device
 from sinklab.lab.backcopy import BigramTable
+from sinklab.models.arch import input_device
 from sinklab.seam import AttentionChunk, AttentionHandler, sinklab_attention
 
 HEAD_KEYS = (

@@ -16,7 +16,7 @@ Read top to bottom: config, RoPE, attention, MLP, block, model, LM head, registr
 
 :func:`register_lab_models` registers model type ``sinklab-tiny`` with ``AutoConfig`` and
 ``AutoModelForCausalLM`` (importing this module registers nothing): :func:`sinklab.lab.register`
-calls it, and :func:`sinklab.models.load_model` loads a lab checkpoint after that (the CLI
+calls it, and :func:`sinklab.models.loading.load_model` loads a lab checkpoint after that (the CLI
 registers before it loads; the core never imports the lab).
 """
 
@@ -276,5 +276,5 @@ def register_lab_models() -> None:
         AutoConfig.register(MODEL_TYPE, LabConfig)
     with contextlib.suppress(ValueError):
         AutoModelForCausalLM.register(LabConfig, LabForCausalLM)
-    # sinklab.models checks this name table to tell causal LMs apart
+    # sinklab.models.loading checks this name table to tell causal LMs apart
     MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.setdefault(MODEL_TYPE, LabForCausalLM.__name__)

@@ -8,7 +8,7 @@ checkpoint, validation perplexity with and without the first token, the ``run`` 
 one provenance block ``meta`` of :func:`sinklab.meta.attach_meta`) and writes ``train.json``,
 ``loss.png`` and ``sinks.png`` (each beside the JSON of its numbers) and the checkpoints
 (``checkpoints/step-N``: weights, config, tokenizer; loadable by
-:func:`sinklab.models.load_model` after :func:`sinklab.lab.register`) under ``out``.
+:func:`sinklab.models.loading.load_model` after :func:`sinklab.lab.register`) under ``out``.
 
 ``python -m sinklab.lab.train [--preset cpu] [--task ...] [--steps N] ... --out DIR`` (the
 options of ``sinklab train`` for one run) trains from a launcher: alone, or one process per rank
@@ -41,7 +41,7 @@ from sinklab.lab.data import LabData
 from sinklab.lab.model import LabConfig, LabForCausalLM
 from sinklab.lab.ranks import Ranks, check_nproc, process_group
 from sinklab.meta import attach_meta, write_json_atomic
-from sinklab.models import describe, file_sha256
+from sinklab.models.loading import describe, file_sha256
 from sinklab.probe import ProbeConfig, probe
 from sinklab.probe.spec import DEFAULT_EPS
 

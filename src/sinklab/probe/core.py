@@ -15,8 +15,8 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from sinklab.arch import decoder_layers, input_device, model_shape
 from sinklab.errors import SinklabError
+from sinklab.models.arch import decoder_layers, input_device, model_shape
 from sinklab.probe.capture import HiddenCapture, ProbeCapture
 from sinklab.probe.geometry import Geometry, capture_geometry
 from sinklab.probe.metrics import layer_means, nan_mean

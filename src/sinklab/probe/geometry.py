@@ -27,8 +27,8 @@ import torch
 from torch import Tensor, nn
 from torch.utils.hooks import RemovableHandle
 
-from sinklab.arch import block_attention, decoder_config, decoder_layers, input_device
 from sinklab.errors import SinklabError
+from sinklab.models.arch import block_attention, decoder_config, decoder_layers, input_device
 from sinklab.probe import metrics as M
 
 SITES = ("residual", "attention_input", "key")

@@ -10,9 +10,9 @@ from typing import Any
 
 from torch import Tensor, nn
 
-from sinklab.arch import model_shape
 from sinklab.corpus import check_token_spec
 from sinklab.errors import SinklabError
+from sinklab.models.arch import model_shape
 from sinklab.probe.core import ProbeConfig, ProbeResult, check_lengths, probe, probe_lengths
 
 #: callback(layers done over every run, total, label)

@@ -18,7 +18,7 @@ from typing import Any
 
 from sinklab.corpus import Text
 from sinklab.meta import attach_meta, versions, write_json_atomic
-from sinklab.models import LoadedModel
+from sinklab.models.loading import LoadedModel
 from sinklab.outputs import check_out, output_dir
 from sinklab.report.html import render_page
 from sinklab.report.stages import ReportConfig, Stage, StageContext, StageResult, run_stage

@@ -1,4 +1,4 @@
-"""The streaming stage: perplexity per cache policy (``sinklab.streaming``), figure, table."""
+"""The streaming stage: perplexity per cache policy (``sinklab.stream.evaluate``), figure, table."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from sinklab.report.stages import (
     TableSpec,
     reproduce_dir,
 )
-from sinklab.stream_summary import (
+from sinklab.stream.summary import (
     block_size,
     collapse_sentence,
     method_line,
@@ -68,7 +68,7 @@ def _command(ctx: StageContext) -> list[str]:
 
 def _run(ctx: StageContext) -> StageOutput:
     from sinklab.meta import attach_meta
-    from sinklab.streaming import StreamConfig, streaming_perplexity
+    from sinklab.stream.evaluate import StreamConfig, streaming_perplexity
 
     p = _params(ctx)
     config = StreamConfig(
@@ -171,7 +171,8 @@ def stream_stage() -> Stage:
         "stream",
         "Streaming: perplexity with a bounded cache",
         "StreamingLLM's protocol: the text is fed one token at a time and each next token is "
-        "scored (computed in chunks where sinklab.chunked serves the model, else token by token: "
+        "scored (computed in chunks where sinklab.stream.band serves the model, else token by "
+        "token: "
         "the same result). dense keeps every key; sink "
         "keeps the first n_sink tokens plus the window most "
         "recent; window keeps the n_sink + window most recent (same memory, no sinks: the "

@@ -4,7 +4,7 @@ A :class:`Stage` knows its name, a title and a paragraph for the page, how expen
 ETA), its parameters, the exact ``sinklab ...`` command that reproduces it, and a callable
 ``run(ctx) -> StageOutput``. :func:`run_stage` times it and turns any exception into a *failed*
 :class:`StageResult` carrying the error, so one broken stage never stops the others. Stages never
-compute metrics themselves: they call ``sinklab.probe``, ``sinklab.streaming`` and
+compute metrics themselves: they call ``sinklab.probe``, ``sinklab.stream.evaluate`` and
 ``sinklab.ablate`` and keep the JSON those return (plus figures and a few table rows that point
 back into that JSON).
 
@@ -27,7 +27,7 @@ import torch
 
 from sinklab.corpus import Text, token_stream
 from sinklab.errors import SinklabError
-from sinklab.models import LoadedModel
+from sinklab.models.loading import LoadedModel
 from sinklab.probe.metrics import nan_mean
 from sinklab.probe.spec import DEFAULT_EPS
 

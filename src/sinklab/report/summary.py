@@ -1,7 +1,7 @@
 """The report's headline: the areas' own summary sentences, in reading order (sink rate, where
 sinks start (depth, position, length), streaming, ablations), then the stages that failed.
 
-The sentences live with their areas (:mod:`sinklab.probe.summary`, :mod:`sinklab.stream_summary`,
+The sentences live with their areas (:mod:`sinklab.probe.summary`, :mod:`sinklab.stream.summary`,
 each ablation's ``finding``) and read their thresholds from each result's ``meta.params``; this
 module only picks them from the stages that ran. A sentence that cannot be computed is left out.
 """
@@ -19,7 +19,7 @@ from sinklab.probe.summary import (
     sink_rate_sentence,
 )
 from sinklab.report.stages import StageResult
-from sinklab.stream_summary import stream_sentence
+from sinklab.stream.summary import stream_sentence
 
 log = logging.getLogger(__name__)
 

@@ -7,7 +7,7 @@ a ``with`` block and back afterwards (no model forward is monkeypatched). Inside
 
 * **fused** (SDPA, or :func:`sinklab.attention.fused_attention` for softmax1 / sink variants) when
   no active handler needs the weights of this layer: the model computes what it computes with SDPA;
-* **chunked** otherwise: for each block of query rows it materialises the ``(B, H, c, Tk)`` weights,
+* **block path** otherwise: for each block of query rows it materialises the ``(B, H, c, Tk)`` weights,
   lets handlers *transform* them (interventions: mask a sink, mix in uniform attention, ...), forms
   the output, then lets handlers *observe* the final weights (the probe's metric accumulators).
   Only one layer's ``c x Tk`` block exists at a time, never all layers' ``T x T`` matrices.
@@ -19,7 +19,7 @@ sinklab's lab models set: ``attention_variant`` (one of :data:`sinklab.attention
 
 Modules: :mod:`~sinklab.seam.handlers` (the protocol: :class:`AttentionChunk`,
 :class:`AttentionHandler`), :mod:`~sinklab.seam.binding` (which handlers a model's modules see),
-:mod:`~sinklab.seam.chunked` (the chunked handler path), :mod:`~sinklab.seam.function` (the
+:mod:`~sinklab.seam.blocks` (the block path), :mod:`~sinklab.seam.function` (the
 registered function, its fused path, and :func:`sinklab_attention`).
 """
 

@@ -1,4 +1,4 @@
-"""The registered attention function (fused path, or the chunked path when handlers are bound)
+"""The registered attention function (fused path, or the block path when handlers are bound)
 and :func:`sinklab_attention`, which routes a model through it for the span of a block."""
 
 from __future__ import annotations
@@ -12,11 +12,11 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from sinklab.arch import dispatches_attention
 from sinklab.attention import causal_mask, fused_attention, repeat_kv
 from sinklab.errors import SinklabError
+from sinklab.models.arch import dispatches_attention
 from sinklab.seam.binding import bind, bound_handlers
-from sinklab.seam.chunked import chunked_attention
+from sinklab.seam.blocks import attention_by_blocks
 from sinklab.seam.handlers import AttentionHandler
 
 ATTN_NAME = "sinklab"
@@ -76,7 +76,7 @@ def sinklab_attention_forward(
     # plain causal mask: skip the all-masked key columns if every handler copes (causal_trim)
     trim = causal and bool(handlers) and all(hd.causal_trim for hd in handlers)
     mask = None if trim else _bool_mask(attention_mask, tq, tk, query.device)
-    out = chunked_attention(
+    out = attention_by_blocks(
         module, layer, handlers, query, key, value, mask,
         causal=causal, scale=scale, variant=variant, sink_logit=sink_logit, softcap=softcap,
     )  # fmt: skip

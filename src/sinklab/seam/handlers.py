@@ -42,7 +42,7 @@ class AttentionHandler:
     layers: frozenset[int] | None = None
     #: opt-in: this handler copes with chunks whose keys stop at the last key a row of the chunk
     #: can see (``Tk`` of the chunk = ``q_offset + q_start + c``). Under a plain causal mask the
-    #: chunked path then skips the all-masked key columns (about half the work) when every active
+    #: block path then skips the all-masked key columns (about half the work) when every active
     #: handler opts in.
     causal_trim: bool = False
 

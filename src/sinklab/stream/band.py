@@ -1,6 +1,7 @@
 """Chunked streaming evaluation: StreamingLLM's token-by-token NLLs, computed C queries at a time.
 
-Why it is exact. In the step loop (:func:`sinklab.streaming.stream_nll`) every token's keys and
+Why it is exact. In the step loop (:func:`~sinklab.stream.evaluate.stream_nll`)
+ every token's keys and
 values at every layer are computed once, when it is read, from what it attended to then: the kept
 positions plus itself, at cache-relative positions. With the sink cache, what query ``t`` reads is
 
@@ -17,7 +18,8 @@ the chunk, and the detached sinks are scored with the query rotated back by
 (a RoPE score depends only on the difference of positions). The model runs its own forward at the
 stream's positions (as the step loop does); only attention goes through the function registered
 here with transformers' ``AttentionInterface`` (:data:`BAND_ATTN`), and the rotation is
-:class:`sinklab.rotary.Rope`'s. Memory: the kept keys and values (the recent window and the sinks
+:class:`~sinklab.models.rotary.Rope`'s.
+Memory: the kept keys and values (the recent window and the sinks
 per layer) plus one chunk's ``C x (kept + C)`` scores; never ``T x T``. ``dense`` keeps every key
 (as its cache does) and scores ``C x t`` per chunk.
 """
@@ -35,11 +37,11 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from sinklab.arch import attention_modules, decoder_config, input_device, layer_kinds
-from sinklab.cache import CacheConfig, SinkCache
 from sinklab.errors import SinklabError
-from sinklab.rotary import Rope
+from sinklab.models.arch import attention_modules, decoder_config, input_device, layer_kinds
+from sinklab.models.rotary import Rope
 from sinklab.seam import check_supported
+from sinklab.stream.cache import CacheConfig, SinkCache
 
 BAND_ATTN = "sinklab_band"
 DEFAULT_CHUNK = 256  # queries per forward
@@ -200,7 +202,7 @@ def band_attention_forward(
     """The function registered as :data:`BAND_ATTN`: ``(output (B, C, H, D), None)``."""
     bound = _STATES.get(module)
     if bound is None:
-        raise SinklabError(f"{BAND_ATTN} attention used outside sinklab.chunked.band_attention")
+        raise SinklabError(f"{BAND_ATTN} attention used outside sinklab.stream.band.band_attention")
     state, layer = bound
     if kwargs.get("s_aux") is not None or getattr(module, "attention_variant", "softmax") != (
         "softmax"
@@ -225,7 +227,7 @@ def band_attention(model: nn.Module, state: BandState) -> Iterator[nn.Module]:
     """Route ``model``'s attention through :data:`BAND_ATTN` with ``state``; restore on exit."""
     register()
     check_supported(model)
-    layers = attention_modules(model)  # sinklab.arch: index = layer
+    layers = attention_modules(model)  # sinklab.models.arch: index = layer
     if not layers:
         raise SinklabError(f"no attention layers found in {type(model).__name__}")
     previous = model.config._attn_implementation

@@ -1,4 +1,4 @@
-"""The chunked handler path: attention one block of query rows at a time, with handlers.
+"""The block path: attention one block of query rows at a time, with handlers.
 
 Each block materialises its ``(B, H, c, Tk)`` weights, lets handlers transform them, forms the
 output, then lets handlers observe it; only one block of one layer exists at a time.
@@ -36,7 +36,7 @@ def _future_block(c: int, device: torch.device) -> Tensor:
     return torch.ones(c, c, dtype=torch.bool, device=device).triu_(1)
 
 
-def chunked_attention(
+def attention_by_blocks(
     module: nn.Module,
     layer: int,
     handlers: list[AttentionHandler],

@@ -18,10 +18,10 @@ from typing import Any
 
 import torch
 
-from sinklab.arch import input_device
-from sinklab.cache import CacheConfig, SinkCache
 from sinklab.errors import SinklabError
-from sinklab.generation import TextStream, check_decoding, eos_ids, next_token, read_chunked
+from sinklab.models.arch import input_device
+from sinklab.stream.cache import CacheConfig, SinkCache
+from sinklab.stream.generation import TextStream, check_decoding, eos_ids, next_token, read_chunked
 
 
 def _common(a: str, b: str) -> int:

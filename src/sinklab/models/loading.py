@@ -22,10 +22,16 @@ from typing import Any
 
 import torch
 
-from sinklab.arch import SINKLAB, attn_implementation, compute_dtype, decoder_config, kv_heads
 from sinklab.errors import SinklabError
-from sinklab.offline import enforce_offline, package_dir
-from sinklab.rotary import position_scheme
+from sinklab.models.arch import (
+    SINKLAB,
+    attn_implementation,
+    compute_dtype,
+    decoder_config,
+    kv_heads,
+)
+from sinklab.models.offline import enforce_offline, package_dir
+from sinklab.models.rotary import position_scheme
 from sinklab.seam import register
 
 # transformers, huggingface_hub and safetensors are imported inside the functions that use them:
@@ -416,7 +422,7 @@ def load_model(
     """Load ``spec`` (None / "smollm2-135m" = the embedded default, a local folder, or a cached id).
 
     The model comes back in eval mode, with SDPA attention where the model supports it (else
-    sinklab's registered attention, else eager: :func:`sinklab.arch.attn_implementation`).
+    sinklab's registered attention, else eager: :func:`sinklab.models.arch.attn_implementation`).
     Raises :class:`SinklabError` for a missing path, an id not in the local cache, a model that
     is not a causal LM, pickle-only, broken or missing weights, or weights that do not fit.
     """

@@ -1,7 +1,6 @@
-"""Causal interventions on attention and inputs, and Jacobian sensitivity.
+"""Causal interventions on attention, and Jacobian sensitivity (input-id edits such as the
+first-token experiment live in :mod:`sinklab.ablate.first_token`).
 
-* :func:`first_token` (from :mod:`sinklab.first_token`) edits the *input ids* (keep / drop /
-  replace the first token) and records exactly what it did; it never touches the model.
 * :class:`MaskSink`, :class:`AttentionMix`, :class:`AttentionTemperature`,
   :class:`AttentionReplace` and :class:`SinkLogit` are
   :class:`~sinklab.seam.AttentionHandler` s: they replace each chunk's weights inside sinklab's one
@@ -25,15 +24,9 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from sinklab.arch import input_device, model_shape
 from sinklab.attention import sink_softmax, softmax
 from sinklab.errors import SinklabError
-from sinklab.first_token import (  # noqa: F401 (re-exported)
-    COMMON_WORDS,
-    FIRST_TOKEN_MODES,
-    FirstTokenEdit,
-    first_token,
-)
+from sinklab.models.arch import input_device, model_shape
 from sinklab.seam import AttentionChunk, AttentionHandler, sinklab_attention
 
 log = logging.getLogger(__name__)

@@ -1,6 +1,7 @@
-"""The tensor side of :class:`sinklab.cache.SinkCache`: one layer's KV slots (:class:`SinkLayer`)
+"""The tensor side of :class:`~sinklab.stream.cache.SinkCache`:
+ one layer's KV slots (:class:`SinkLayer`)
 and a forward's plan as index tensors (:class:`Step`), shared by every layer. What to write where
-is decided in :mod:`sinklab.cache_plan`; here it is done, batched over the rows."""
+is decided in :mod:`sinklab.stream.slots`; here it is done, batched over the rows."""
 
 from __future__ import annotations
 
@@ -10,15 +11,15 @@ import torch
 from torch import Tensor
 from transformers.cache_utils import CacheLayerMixin
 
-from sinklab.cache_plan import Plan
 from sinklab.errors import SinklabError
+from sinklab.stream.slots import Plan
 
 if TYPE_CHECKING:
-    from sinklab.cache import SinkCache
+    from sinklab.stream.cache import SinkCache
 
 
 class Step:
-    """A :class:`~sinklab.cache_plan.Plan` as index tensors, built once per forward (layer 0)."""
+    """A :class:`~sinklab.stream.slots.Plan` as index tensors, built once per forward (layer 0)."""
 
     def __init__(self, plan: Plan, rope: Any) -> None:
         self.plan, self.rope = plan, rope

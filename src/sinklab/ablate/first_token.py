@@ -1,7 +1,7 @@
 """Keep, drop or replace the first token of the input ids (the first-token experiment).
 
 :func:`first_token` edits the *input ids* and records exactly what it did; it never touches the
-model. Re-exported by :mod:`sinklab.interventions`.
+model. Re-exported by :mod:`sinklab.seam.interventions`.
 """
 
 from __future__ import annotations

@@ -61,7 +61,8 @@ def collapse_point(pols: dict[str, Any], block: int) -> dict[str, Any] | None:
     """Where dense collapses, by the rule fixed before any number (:data:`COLLAPSE`): the first
     block of ``block`` targets whose dense PPL exceeds COLLAPSE x sink's on the same block
     (``pols``: policy -> its JSON, with ``segment_ppl``). None when either policy is missing;
-    ``at_token`` None when dense never collapses. :class:`sinklab.streaming.StreamResult` writes
+    ``at_token`` None when dense never collapses.
+    :class:`~sinklab.stream.evaluate.StreamResult` writes
     it into every stream's JSON."""
     if "dense" not in pols or "sink" not in pols:
         return None

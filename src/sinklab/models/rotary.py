@@ -18,8 +18,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from sinklab.arch import decoder_config
 from sinklab.errors import SinklabError
+from sinklab.models.arch import decoder_config
 
 # Position schemes, by how a cached key depends on its position.
 ROPE, ALIBI, ABSOLUTE, NONE = "rope", "alibi", "absolute", "none"

@@ -16,11 +16,11 @@ Protocol (Xiao et al., StreamingLLM): feed the text one token at a time; after r
   K`` scores every K-th target only (``nll`` is NaN elsewhere), and the JSON says so.
 
 Two methods compute the same NLLs (``StreamConfig.method``): ``step`` feeds one token per forward
-through a :class:`~sinklab.cache.SinkCache` and runs the oracle one target per forward (the
+through a :class:`~sinklab.stream.cache.SinkCache` and runs the oracle one target per forward (the
 reference); ``chunked`` reads ``chunk`` tokens per forward with a per-query band mask and
-re-indexed sinks (:mod:`sinklab.chunked`, exact: every token sees what it would have seen token
-by token) and batches the oracle's windows (:mod:`sinklab.oracle`). ``auto`` (the default) is
-chunked where :func:`sinklab.chunked.chunked_refusal` finds nothing against the model, else step
+re-indexed sinks (:mod:`sinklab.stream.band`, exact: every token sees what it would have seen token
+by token) and batches the oracle's windows (:mod:`sinklab.stream.oracle`). ``auto`` (the default) is
+chunked where :func:`sinklab.stream.band.chunked_refusal` finds nothing against the model, else step
 (hybrid sliding-window models, NoPE layers, learned sink logits), decided before any work by
 :meth:`StreamConfig.choose_method`; the result records the method run and why.
 """
@@ -37,14 +37,14 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from sinklab.arch import input_device
-from sinklab.cache import POLICIES, CacheConfig, SinkCache
-from sinklab.chunked import DEFAULT_CHUNK, chunked_nll, chunked_refusal
 from sinklab.errors import SinklabError
 from sinklab.memory import rss_mb
-from sinklab.oracle import recompute_nll, recompute_nll_batched
+from sinklab.models.arch import input_device
 from sinklab.probe import ProbeConfig, probe
-from sinklab.stream_summary import collapse_point
+from sinklab.stream.band import DEFAULT_CHUNK, chunked_nll, chunked_refusal
+from sinklab.stream.cache import POLICIES, CacheConfig, SinkCache
+from sinklab.stream.oracle import recompute_nll, recompute_nll_batched
+from sinklab.stream.summary import collapse_point
 
 __all__ = [
     "METHODS",

@@ -18,9 +18,9 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from sinklab.arch import input_device
 from sinklab.errors import SinklabError
-from sinklab.policy import kept_positions
+from sinklab.models.arch import input_device
+from sinklab.stream.policy import kept_positions
 
 Tick = Callable[[int, int, float], None]  # (targets done up to, total, running ppl)
 _EVERY = 16

@@ -1,4 +1,5 @@
-"""The bookkeeping of :class:`sinklab.cache.SinkCache`, per stream, in pure Python (no tensors).
+"""The bookkeeping of :class:`~sinklab.stream.cache.SinkCache`, per stream,
+ in pure Python (no tensors).
 
 A cache serves ``B`` independent streams, one per batch row. Each row has its own slots (which
 stream position each physical KV slot holds), its own sinks and its own position ``base``: the
@@ -20,7 +21,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from sinklab.errors import SinklabError
-from sinklab.policy import kept_of
+from sinklab.stream.policy import kept_of
 
 
 @dataclass

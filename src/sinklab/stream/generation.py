@@ -1,6 +1,7 @@
 """Bounded-memory generation in sinklab's own decode loop: one stream (:func:`generate`) or many
-at once (:class:`StreamBatch`), through a :class:`~sinklab.cache.SinkCache` whose positions never
-grow (each forward goes through :meth:`SinkCache.prepare`; see :mod:`sinklab.cache`).
+at once (:class:`StreamBatch`), through a
+:class:`~sinklab.stream.cache.SinkCache` whose positions never
+grow (each forward goes through :meth:`SinkCache.prepare`; see :mod:`sinklab.stream.cache`).
 
 Why not ``model.generate``: it computes positions itself (the token's index in the sequence), so
 a long stream hands the model ever larger positions; float32 RoPE then drifts (the README's drift
@@ -18,10 +19,10 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from sinklab.arch import input_device
-from sinklab.cache import CacheConfig, SinkCache
 from sinklab.errors import SinklabError
 from sinklab.memory import rss_mb
+from sinklab.models.arch import input_device
+from sinklab.stream.cache import CacheConfig, SinkCache
 
 _EVERY = 16  # RSS sampling period, in tokens
 

@@ -35,7 +35,7 @@ model's ``max_position_embeddings``); when a row would reach it, the row is *reb
 kept keys rotated back by the same amount (O(kept)), so its positions restart at 0..kept.
 
 Many streams: each batch row is an independent stream (its own slots, sinks, positions, base; see
-:mod:`sinklab.cache_plan`). ``model.generate`` with left-padded prompts works (the layout keeps
+:mod:`sinklab.stream.slots`). ``model.generate`` with left-padded prompts works (the layout keeps
 each row's invalid slots a prefix of the keys, which is what its 2D padding mask says; a row's
 new tokens are told from its padding by the positions, so read a padded prompt in one chunk, not
 with a ``prefill_chunk_size`` shorter than the padding); sinklab's
@@ -43,7 +43,7 @@ loops add (:meth:`SinkCache.add_streams`) and remove (:meth:`SinkCache.keep_stre
 between steps, feed rows different numbers of tokens (left-padded), and fit a prompt into the
 cache before reading it (:meth:`SinkCache.evict_for_space`, StreamingLLM's).
 
-What cannot be moved is refused by :func:`sinklab.rotary.rope_of`, naming the reason.
+What cannot be moved is refused by :func:`sinklab.models.rotary.rope_of`, naming the reason.
 """
 
 from __future__ import annotations
@@ -55,12 +55,18 @@ import torch
 from torch import Tensor
 from transformers.cache_utils import Cache, CacheLayerMixin, DynamicSlidingWindowLayer
 
-from sinklab.arch import check_windows, compute_dtype, decoder_config, input_device, layer_kinds
-from sinklab.cache_layer import SinkLayer, Step
-from sinklab.cache_plan import Plan, Row, check_positions, plan_chunk, plan_ring, ring_slots
 from sinklab.errors import SinklabError
-from sinklab.policy import CACHE_POLICIES, POLICIES, CacheConfig, kept_positions
-from sinklab.rotary import rope_of
+from sinklab.models.arch import (
+    check_windows,
+    compute_dtype,
+    decoder_config,
+    input_device,
+    layer_kinds,
+)
+from sinklab.models.rotary import rope_of
+from sinklab.stream.layer import SinkLayer, Step
+from sinklab.stream.policy import CACHE_POLICIES, POLICIES, CacheConfig, kept_positions
+from sinklab.stream.slots import Plan, Row, check_positions, plan_chunk, plan_ring, ring_slots
 
 __all__ = [
     "CACHE_POLICIES",
@@ -89,7 +95,7 @@ class SinkCache(Cache):
     ) -> None:
         self.config = config or CacheConfig()
         text_cfg = decoder_config(model)
-        kinds = layer_kinds(text_cfg)  # sinklab.arch: RoPE / NoPE, the model's own windows
+        kinds = layer_kinds(text_cfg)  # sinklab.models.arch: RoPE / NoPE, the model's own windows
         check_windows(kinds, self.config)
         self.rope = None if self.config.capacity is None else rope_of(model)  # dense moves none
         self.hybrid = self.config.capacity is not None and len({k.window for k in kinds}) > 1
