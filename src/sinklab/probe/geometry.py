@@ -6,9 +6,15 @@ For layer ``l`` (docs/experiments.md, "Geometry"):
 * ``attention_input``: what the layer's attention module receives, i.e. the residual after the
   layer's own input norm (Llama RMSNorm, Gemma ``(1 + w)`` RMSNorm, GPT-2 ``ln_1``), captured with
   a forward pre-hook on the attention module: the model's own norm, never a re-implementation;
-* ``key``: the key projection of that input before RoPE (``k_proj``'s output, or ``k_norm``'s where
-  the model has one; GPT-2's fused ``c_attn`` is split), per KV head: the cosine of a head's key
-  vectors, averaged over the KV heads. ``None`` where no key projection is reachable, with a reason.
+* ``key``: the keys of that input before RoPE, per KV head: the cosine of a head's key vectors,
+  averaged over the KV heads. ``k_proj``'s output; where the model normalises its keys (``k_norm``
+  of Qwen3, Gemma 3, OLMo 2, Cohere; StableLM's ``k_layernorm``) the norm's output, brought back to
+  (B, T, KV, hd) from whichever layout the model gives its norm (Gemma 3 normalises (B, KV, T, hd),
+  Qwen3 (B, T, KV, hd), OLMo 2 the flat (B, T, KV * hd)): the layout is found by matching the norm's
+  input to the projection's output of the same forward, never guessed from shapes. Fused
+  projections are split as the model splits them (GPT-2 ``c_attn``, Phi-3 ``qkv_proj``, GPT-NeoX,
+  Falcon and BLOOM ``query_key_value``, MPT ``Wqkv``). ``None`` where no key is reachable, with a
+  reason.
 
 Pure functions (:func:`first_token_cosine`, :func:`token_similarity`: docs/metrics.md's
 definitions, applied per head group) and one context manager, :func:`capture_geometry`, whose
@@ -114,17 +120,20 @@ def _attention(block: nn.Module) -> nn.Module:
     raise SinklabError(f"{type(block).__name__} holds no attention module with a layer_idx")
 
 
+KEY_NORMS = ("k_norm", "k_layernorm")  # the module a family normalises its keys with
+
+
 def _key_source(attn: nn.Module, cfg: Any) -> tuple[nn.Module, Any] | str:
-    """(module, output -> (B, T, KV, hd) keys) or the reason the keys are not reachable."""
+    """(module, output -> (B, T, KV, hd) keys) of the key projection, or the reason the keys are not
+    reachable. A key norm after the projection is :func:`_key_norm`'s business."""
     n_heads = int(cfg.num_attention_heads)
     n_kv = int(getattr(cfg, "num_key_value_heads", None) or n_heads)
-    hd = int(getattr(attn, "head_dim", 0) or cfg.hidden_size // n_heads)
+    hd = int(getattr(attn, "head_dim", 0) or getattr(attn, "head_size", 0) or 0)
+    hd = hd or cfg.hidden_size // n_heads
 
     def heads(k: Tensor) -> Tensor:
         return k.reshape(*k.shape[:2], -1, hd)  # (B, T, KV, hd)
 
-    if isinstance(getattr(attn, "k_norm", None), nn.Module):  # Qwen3 / Gemma3: norm before RoPE
-        return attn.k_norm, lambda out: out if out.dim() == 4 else heads(out)
     if isinstance(getattr(attn, "k_proj", None), nn.Module):
         return attn.k_proj, heads
     if isinstance(getattr(attn, "c_attn", None), nn.Module) and not getattr(
@@ -135,10 +144,51 @@ def _key_source(attn: nn.Module, cfg: Any) -> tuple[nn.Module, Any] | str:
     if isinstance(getattr(attn, "qkv_proj", None), nn.Module):  # Phi-3: [q (H hd) | k | v]
         q, k = n_heads * hd, n_kv * hd
         return attn.qkv_proj, lambda out: heads(out[..., q : q + k])
+    fused = getattr(attn, "query_key_value", None)
+    if isinstance(fused, nn.Module):
+        if callable(getattr(attn, "_split_heads", None)):  # Falcon: its own split, (B, T, H', hd)
+            return fused, lambda out: attn._split_heads(out)[1]
+        if callable(getattr(attn, "_reshape", None)):  # BLOOM: its own split, (B, H, T, hd)
+            return fused, lambda out: attn._reshape(out)[1].transpose(1, 2)
+        # GPT-NeoX: per head [q | k | v], each hd wide
+        return fused, lambda out: out.reshape(*out.shape[:2], -1, 3 * hd)[..., hd : 2 * hd]
+    if isinstance(getattr(attn, "Wqkv", None), nn.Module):  # MPT: [q | k | v], clipped first
+        clip = getattr(attn, "clip_qkv", None)
+
+        def mpt(out: Tensor) -> Tensor:
+            out = out.clamp(min=-clip, max=clip) if clip else out
+            return heads(out.chunk(3, dim=-1)[1])
+
+        return attn.Wqkv, mpt
     return (
-        f"{type(attn).__name__} has no k_proj, k_norm, c_attn or qkv_proj sinklab can split, so "
-        "its keys are not reachable"
+        f"{type(attn).__name__} has no k_proj, c_attn, qkv_proj, query_key_value or Wqkv sinklab "
+        "can split, so its keys are not reachable"
     )
+
+
+def _key_norm(attn: nn.Module) -> nn.Module | None:
+    """The module the attention normalises its keys with before RoPE, if it has one."""
+    for name in KEY_NORMS:
+        if isinstance(mod := getattr(attn, name, None), nn.Module):
+            return mod
+    return None
+
+
+def normed_key_heads(norm_in: Tensor, norm_out: Tensor, keys: Tensor) -> Tensor | None:
+    """The key norm's output as (B, T, KV, hd), given its input and the projection's keys
+    ``keys`` (B, T, KV, hd) of the same forward: the layout in which ``norm_in`` equals the keys
+    (flat (B, T, KV * hd), (B, T, KV, hd) or (B, KV, T, hd)) is undone on ``norm_out``.
+    ``None`` when the norm's input is none of them (something ran between the two)."""
+    b, t, kv, hd = keys.shape
+    layouts = (
+        (keys.reshape(b, t, kv * hd), lambda y: y.reshape(b, t, kv, hd)),
+        (keys, lambda y: y),
+        (keys.transpose(1, 2), lambda y: y.transpose(1, 2)),
+    )
+    for view, back in layouts:
+        if norm_in.shape == view.shape and torch.equal(norm_in, view):
+            return back(norm_out)
+    return None
 
 
 def _final_norm(model: nn.Module) -> nn.Module | None:
@@ -174,6 +224,7 @@ def capture_geometry(
         )
     geo = Geometry(n_layers, {s: {m: [None] * n_layers for m in METRICS} for s in SITES})
     handles: list[RemovableHandle] = []
+    projected: dict[int, Tensor] = {}  # layer -> keys before the key norm, this forward
 
     def put(site: str, layer: int, x: Tensor) -> None:
         for m, v in site_numbers(x).items():
@@ -185,9 +236,26 @@ def capture_geometry(
 
         return hook
 
-    def keys(layer: int, to_heads):
+    def keys(layer: int, to_heads, normed: bool):
         def hook(module: nn.Module, args: tuple, output: Tensor) -> None:
-            put("key", layer, to_heads(output))  # (B, T, KV, hd): per-head cosines
+            if normed:  # the key norm's hook below measures them
+                projected[layer] = to_heads(output)
+            else:
+                put("key", layer, to_heads(output))  # (B, T, KV, hd): per-head cosines
+
+        return hook
+
+    def normed_keys(layer: int):
+        def hook(module: nn.Module, args: tuple, output: Tensor) -> None:
+            raw = projected.pop(layer, None)
+            got = None if raw is None else normed_key_heads(args[0], output, raw)
+            if got is None:
+                geo.key_note = (
+                    f"{type(module).__name__} (the key norm) does not read the key projection's "
+                    "output, so its keys are not measured"
+                )
+                return
+            put("key", layer, got)
 
         return hook
 
@@ -204,11 +272,14 @@ def capture_geometry(
                 hook = pre("attention_input", li)
                 handles.append(attn.register_forward_pre_hook(hook, with_kwargs=True))
             if "key" in sites:
-                src = _key_source(attn, cfg)
+                src, norm = _key_source(attn, cfg), _key_norm(attn)
                 if isinstance(src, str):
                     geo.key_note = src
                 else:
-                    handles.append(src[0].register_forward_hook(keys(li, src[1])))
+                    hook = keys(li, src[1], normed=norm is not None)
+                    handles.append(src[0].register_forward_hook(hook))
+                    if norm is not None:
+                        handles.append(norm.register_forward_hook(normed_keys(li)))
         norm = _final_norm(model) if final else None
         if norm is not None:
             handles.append(norm.register_forward_hook(final_hook))
