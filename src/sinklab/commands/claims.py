@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -79,7 +79,9 @@ def claims(
     Examples: sinklab claims; sinklab claims --texts shakespeare:lear,shakespeare:tempest,my.txt;
     sinklab claims --claims first-token-sinks,sink-cheaper --lab runs/ --out claims-out
     """
+    from sinklab.claims.across import model_names
     from sinklab.claims.core import DEFAULT_TEXTS, ClaimsConfig, run_claims
+    from sinklab.errors import SinklabError
     from sinklab.meta import attach_meta
 
     config = ClaimsConfig(
@@ -100,10 +102,18 @@ def claims(
         lab=str(lab) if lab is not None else None,
         seed=seed,
     )
+    several = model_names(model)
+    if several is not None and not config.needs_model:
+        raise SinklabError(
+            "--model names several models but the chosen claims read none; pass one model"
+        )
     if out is not None:
         from sinklab.outputs import check_out
 
         out = check_out(out, COMMAND)  # refuse a folder of the user's before any work
+    if several is not None:
+        _claims_across(several, config, out, fmt, (dtype, device, trust_remote_code))
+        return
     texts_read = config.read_texts()
     loaded = None
     if config.needs_model:
@@ -143,6 +153,80 @@ def claims(
     _print_table(data)
     if out is not None:
         stderr.print(f"wrote {out}/claims.json and claims_effects.png")
+
+
+def _claims_across(
+    names: list[str],
+    config: Any,
+    out: Path | None,
+    fmt: OutputFormat,
+    loading: tuple[str, str, bool],
+) -> None:
+    """``--model a,b,c``: each model's claims in turn (one model in memory at a time), joined
+    into one claim x model table (:mod:`sinklab.claims.across`) and figure."""
+    import gc
+
+    from sinklab.claims.across import across_table, differences, plot_across
+    from sinklab.claims.core import run_claims
+    from sinklab.meta import attach_meta
+
+    texts_read = config.read_texts()
+    runs: list[tuple[str, dict]] = []
+    start = time.perf_counter()
+    with progress(fmt is OutputFormat.text) as bars:
+        for name in names:
+            loaded = load(name, *loading)
+            t0 = time.perf_counter()
+            result = run_claims(
+                loaded.model,
+                loaded.tokenizer,
+                config,
+                max_positions=loaded.info.max_positions,
+                callback=bars.callback(f"claims {name}"),
+            )
+            attach_meta(result, loaded.info, texts_read, config, time.perf_counter() - t0)
+            runs.append((name, result.to_json()))
+            del loaded, result
+            gc.collect()  # the next model loads into the memory this one held
+    table = across_table(runs)
+    data = attach_meta(
+        {"models": names, "table": table, "runs": [{"model": n, **d} for n, d in runs]},
+        None,
+        texts_read,
+        config,
+        time.perf_counter() - start,
+    )
+    data["meta"]["model"] = [d["meta"]["model"] for _, d in runs]
+    if out is not None:
+        from sinklab.outputs import write_results
+
+        def figure(folder: Path) -> list[Path]:
+            return [plot_across(table, names, folder / "claims_models.png")]
+
+        write_results(out, COMMAND, {"claims.json": data}, figure)
+    if fmt is OutputFormat.json:
+        emit_json(data)
+        return
+    _print_across(table, names, [d["meta"]["seconds"] for _, d in runs])
+    for line in differences(table, names):
+        stderr.print(line)
+    if out is not None:
+        stderr.print(f"wrote {out}/claims.json and claims_models.png")
+
+
+def _print_across(table: list[dict], names: list[str], seconds: list[float]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    from sinklab.claims.across import text_rows
+
+    timing = ", ".join(f"{n} {s:.0f} s" for n, s in zip(names, seconds, strict=True))
+    view = Table(title=f"Claims across models (rule: docs/claims.md; {timing})")
+    for col in ("claim", "claimed", *names):
+        view.add_column(col, no_wrap=col in ("claim", "claimed"))
+    for row in text_rows(table, names):
+        view.add_row(*row)
+    Console().print(view)
 
 
 def _print_table(data: dict) -> None:
