@@ -67,6 +67,7 @@ from sinklab.models.rotary import rope_of
 from sinklab.stream.layer import SinkLayer, Step
 from sinklab.stream.policy import CACHE_POLICIES, POLICIES, CacheConfig, kept_positions
 from sinklab.stream.slots import Plan, Row, check_positions, plan_chunk, plan_ring, ring_slots
+from sinklab.stream.state import StreamState, cache_from_states, state_of
 
 __all__ = [
     "CACHE_POLICIES",
@@ -74,6 +75,7 @@ __all__ = [
     "CacheConfig",
     "SinkCache",
     "SinkLayer",
+    "StreamState",
     "kept_positions",
 ]
 
@@ -188,6 +190,20 @@ class SinkCache(Cache):
             return keys, layer.values[row : row + 1].index_select(-2, slots)
         delta = torch.arange(len(order)) - current
         return self.rope.shift(keys, delta), layer.values[row : row + 1].index_select(-2, slots)
+
+    # -------------------------------------------------------------- save and restore
+    def state(self, row: int = 0) -> StreamState:
+        """Stream ``row`` as a value that outlives this cache (its kept keys and values, its
+        sinks and positions): save it, or rebuild a cache from it with :meth:`from_state`."""
+        return state_of(self, row)
+
+    @classmethod
+    def from_state(
+        cls, model: Any, states: Sequence[StreamState], max_position: int | None = None
+    ) -> SinkCache:
+        """A cache whose row ``b`` continues ``states[b]`` with the logits it would have given
+        in the cache it came from (see :mod:`sinklab.stream.state`)."""
+        return cache_from_states(model, states, max_position)
 
     # ------------------------------------------------------------------ sinklab's loops
     def prepare(self, new: int | Sequence[int] = 1) -> dict[str, Tensor]:

@@ -23,6 +23,7 @@ from sinklab.errors import SinklabError
 from sinklab.memory import rss_mb
 from sinklab.models.arch import input_device
 from sinklab.stream.cache import CacheConfig, SinkCache
+from sinklab.stream.state import StreamState
 
 _EVERY = 16  # RSS sampling period, in tokens
 
@@ -210,17 +211,30 @@ class StreamBatch:
 
     def __init__(self, model: Any, config: CacheConfig, max_position: int | None = None) -> None:
         self.model = model
+        self.max_position = max_position
         self.cache = SinkCache(model, config, max_position)
         self.cache.keep_streams([])  # no streams until added
         self.ids: list[int] = []  # stream id of each batch row
         self._next = 0
 
-    def add(self) -> int:
-        """A new, empty stream; returns its id."""
-        self.cache.add_streams(1)
+    def add(self, state: StreamState | None = None) -> int:
+        """A new stream, empty or continuing ``state`` (from :meth:`state`, or a cache's
+        :meth:`SinkCache.state`); returns its id. Joining with a state rebuilds the batch's cache
+        from every stream's state (O(kept) per stream, once per join)."""
+        if state is None:
+            self.cache.add_streams(1)
+        else:
+            rows = [self.cache.state(b) for b in range(len(self.ids))]
+            self.cache = SinkCache.from_state(self.model, [*rows, state], self.max_position)
         self.ids.append(self._next)
         self._next += 1
         return self.ids[-1]
+
+    def state(self, stream: int) -> StreamState:
+        """``stream``'s state now (it stays in the batch; :meth:`remove` it to let it go)."""
+        if stream not in self.ids:
+            raise SinklabError(f"no such stream: {stream} (streams: {self.ids})")
+        return self.cache.state(self.ids.index(stream))
 
     def remove(self, stream: int) -> None:
         self.cache.keep_streams([b for b, s in enumerate(self.ids) if s != stream])

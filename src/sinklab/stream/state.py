@@ -1,0 +1,214 @@
+"""One stream of a :class:`~sinklab.stream.cache.SinkCache` as a value that can leave the cache
+and come back: :class:`StreamState` (what :meth:`SinkCache.state` returns and
+:meth:`SinkCache.from_state` rebuilds a cache from).
+
+Why: a server keeps many conversations but decodes only the busy ones together; a conversation
+leaves the batch between its turns and must survive a restart. A state is the stream's kept keys
+and values *as the cache holds them* (never re-rotated, so nothing drifts), in stream order, the
+sinks' original keys, and the bookkeeping of :class:`~sinklab.stream.slots.Row` (positions, sinks'
+rotations, the position base). Rebuilt, a stream gives the logits it would have given had it never
+left (the keys are the same numbers; only their slot order may differ, which attention ignores).
+
+Only bounded caches of one kind of layer are served (``sink``, ``window``, ``sink-auto`` policies
+on models without the hybrid sliding-window layers): a dense stream has no bound to keep, and a
+hybrid model's sliding layers share one cache across rows.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import Tensor
+
+from sinklab.errors import SinklabError
+from sinklab.stream.policy import CacheConfig
+from sinklab.stream.slots import Row
+
+if TYPE_CHECKING:
+    from sinklab.stream.cache import SinkCache
+
+_ROW_FIELDS = ("seen", "base", "positions", "ring", "sinks")
+
+
+@dataclass
+class StreamState:
+    """One stream, compacted: ``positions[k]`` is the stream position whose key and value sit at
+    index ``k`` of every layer's ``keys``/``values`` (H_kv, kept, D); ``ring``: the indices of the
+    non-sinks, oldest first; ``sinks``: sink index -> (index, position rotated at, base when read);
+    ``tensors``: ``"{layer}.keys"``, ``"{layer}.values"``, ``"{layer}.sink_keys"`` (empty when the
+    stream has read nothing)."""
+
+    config: CacheConfig
+    seen: int = 0
+    base: int = 0
+    positions: list[int] = field(default_factory=list)
+    ring: list[int] = field(default_factory=list)
+    sinks: dict[int, tuple[int, int, int]] = field(default_factory=dict)
+    tensors: dict[str, Tensor] = field(default_factory=dict)
+
+    @property
+    def kept(self) -> int:
+        return len(self.positions)
+
+    def to_json(self) -> dict[str, Any]:
+        """Everything but the tensors, as JSON (the tensors go to safetensors beside it)."""
+        cfg = self.config
+        return {
+            "config": {
+                "policy": cfg.policy,
+                "n_sink": cfg.n_sink,
+                "window": cfg.window,
+                "sink_positions": list(cfg.sink_positions) if cfg.sink_positions else None,
+            },
+            "seen": self.seen,
+            "base": self.base,
+            "positions": self.positions,
+            "ring": self.ring,
+            "sinks": {str(i): list(v) for i, v in self.sinks.items()},
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any], tensors: dict[str, Tensor]) -> StreamState:
+        """The inverse of :meth:`to_json`; a malformed record raises :class:`SinklabError`."""
+        try:
+            c = data["config"]
+            pos = c.get("sink_positions")
+            config = CacheConfig(
+                str(c["policy"]), int(c["n_sink"]), int(c["window"]), tuple(pos) if pos else None
+            )
+            state = cls(
+                config,
+                int(data["seen"]),
+                int(data["base"]),
+                [int(p) for p in data["positions"]],
+                [int(k) for k in data["ring"]],
+                {int(i): tuple(int(x) for x in v) for i, v in data["sinks"].items()},  # type: ignore[misc]
+                dict(tensors),
+            )
+        except (KeyError, TypeError, ValueError, AttributeError) as err:
+            raise SinklabError(f"not a stream state ({type(err).__name__}: {err})") from None
+        state.check()
+        return state
+
+    def check(self) -> None:
+        """Refuse a state whose parts do not fit together (a corrupt or hand-edited file)."""
+        n = self.kept
+        cap = self.config.capacity
+        ok = (
+            cap is not None
+            and n <= cap
+            and self.positions == sorted(set(self.positions))
+            and all(0 <= p < self.seen for p in self.positions)
+            and 0 <= self.base <= self.seen
+            and sorted(self.ring + [k for k, _, _ in self.sinks.values()]) == list(range(n))
+            and all(0 <= i < len(self.config.sinks) for i in self.sinks)
+        )
+        if not ok:
+            raise SinklabError("the stream state's positions, ring and sinks do not fit together")
+        if n and not self.tensors:
+            raise SinklabError(f"the stream state keeps {n} positions but has no tensors")
+        for name, t in self.tensors.items():
+            want = len(self.config.sinks) if name.endswith(".sink_keys") else n
+            if t.dim() != 3 or t.shape[1] != want:
+                raise SinklabError(
+                    f"tensor {name} has shape {tuple(t.shape)}; expected (heads, {want}, dim)"
+                )
+
+
+def _servable(cache: SinkCache) -> None:
+    if cache.capacity is None or cache.hybrid:
+        raise SinklabError(
+            "only a bounded sink cache on a model with one kind of attention layer can be "
+            "saved and restored (not the dense policy, not hybrid sliding-window models)"
+        )
+
+
+def state_of(cache: SinkCache, row: int = 0) -> StreamState:
+    """Copy stream ``row`` of ``cache`` out, compacted to its kept positions in stream order."""
+    _servable(cache)
+    r: Row = cache.rows[row]
+    order = sorted((p, s) for s, p in enumerate(r.slot_pos) if p >= 0)
+    index = {s: k for k, (_, s) in enumerate(order)}
+    state = StreamState(
+        cache.config,
+        r.seen,
+        r.base,
+        [p for p, _ in order],
+        [index[s] for s in r.ring],
+        {i: (index[s], r.sink_rot[i], r.sink_base[i]) for i, s in r.sink_slot.items()},
+    )
+    if not order:
+        return state
+    for i, layer in enumerate(cache.layers):
+        if not layer.is_initialized:
+            raise SinklabError(f"layer {i} of this cache holds nothing; it cannot be saved")
+        slots = torch.tensor([s for _, s in order], device=layer.device)
+        state.tensors[f"{i}.keys"] = layer.keys[row].index_select(-2, slots).clone()
+        state.tensors[f"{i}.values"] = layer.values[row].index_select(-2, slots).clone()
+        state.tensors[f"{i}.sink_keys"] = layer.sink_keys[row].clone()
+    return state
+
+
+def cache_from_states(
+    model: Any, states: Sequence[StreamState], max_position: int | None = None
+) -> SinkCache:
+    """A cache whose row ``b`` continues ``states[b]`` (all of one :class:`CacheConfig`), each
+    row's kept slots right-aligned (the layout :mod:`sinklab.stream.slots` keeps)."""
+    from sinklab.stream.cache import SinkCache
+
+    if not states:
+        raise SinklabError("cache_from_states needs at least one stream state")
+    config = states[0].config
+    if any(s.config != config for s in states):
+        raise SinklabError("stream states of different cache configs cannot share a cache")
+    cache = SinkCache(model, config, max_position)
+    _servable(cache)
+    n_used = max(s.kept for s in states)
+    rows = []
+    for s in states:
+        s.check()
+        pad = n_used - s.kept
+        rows.append(
+            Row(
+                seen=s.seen,
+                base=s.base,
+                slot_pos=[-1] * pad + list(s.positions),
+                ring=deque(pad + k for k in s.ring),
+                sink_slot={i: pad + k for i, (k, _, _) in s.sinks.items()},
+                sink_rot={i: rot for i, (_, rot, _) in s.sinks.items()},
+                sink_base={i: b for i, (_, _, b) in s.sinks.items()},
+            )
+        )
+    cache.rows, cache.n_used = rows, n_used
+    cache.seen = max(s.seen for s in states)
+    with_tensors = [s for s in states if s.tensors]
+    if not with_tensors:
+        return cache
+    dev = cache._device
+    for i, layer in enumerate(cache.layers):
+        like_k = with_tensors[0].tensors[f"{i}.keys"]
+        like_v = with_tensors[0].tensors[f"{i}.values"]
+        like_s = with_tensors[0].tensors[f"{i}.sink_keys"]
+        b, slots = len(states), cache.capacity + 1  # type: ignore[operator]
+        layer.device = dev
+        layer.keys = like_k.new_zeros(b, like_k.shape[0], slots, like_k.shape[-1], device=dev)
+        layer.values = like_v.new_zeros(b, like_v.shape[0], slots, like_v.shape[-1], device=dev)
+        layer.sink_keys = like_s.new_zeros(b, *like_s.shape, device=dev)
+        for row, s in enumerate(states):
+            if not s.tensors:
+                continue
+            pad = n_used - s.kept
+            layer.keys[row, :, pad:n_used] = s.tensors[f"{i}.keys"].to(dev)
+            layer.values[row, :, pad:n_used] = s.tensors[f"{i}.values"].to(dev)
+            layer.sink_keys[row] = s.tensors[f"{i}.sink_keys"].to(dev)
+        layer.sink_half = (
+            cache.rope.rotate_half(layer.sink_keys)
+            if layer.rotary
+            else torch.zeros_like(layer.sink_keys)
+        )
+        layer.is_initialized = True
+    return cache
