@@ -53,11 +53,12 @@ def _register_commands() -> None:
         info,
         probe,
         report,
+        serve,
         stream,
         train,
     )
 
-    for module in (info, probe, stream, generate, chat, ablate, report, cost, train, claims):
+    for module in (info, probe, stream, generate, chat, serve, ablate, report, cost, train, claims):
         module.register(app)
     for command in app.registered_commands:
         command.callback = _guard_stdout(command.callback)

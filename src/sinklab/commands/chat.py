@@ -35,6 +35,10 @@ def _format_stats(s: dict) -> str:
     )
 
 
+def _format_remote(s: dict) -> str:
+    return f"turns {s['turns']}, tokens seen {s['tokens_seen']}, kept {s['kept']} (on the server)"
+
+
 def chat(
     model: ModelOpt = None,
     n_sink: NSinkOpt = 4,
@@ -52,6 +56,16 @@ def chat(
     trust_remote_code: TrustOpt = False,
     dtype: DtypeOpt = "float32",
     device: DeviceOpt = "cpu",
+    server: Annotated[
+        str | None,
+        typer.Option(
+            "--server",
+            help="Talk to a running 'sinklab serve' at this URL (its model and cache apply).",
+        ),
+    ] = None,
+    api_key: Annotated[
+        str | None, typer.Option("--api-key", help="The key the --server asks for.")
+    ] = None,
 ) -> None:
     """Chat with the model (its chat template) in flat memory: the cache never holds more than
     n_sink + window positions however long the conversation, each turn's text is fitted into it
@@ -65,11 +79,20 @@ def chat(
     from sinklab.stream.chat import ChatConfig, ChatSession
 
     config = ChatConfig(n_sink, window, max_new_tokens, temperature, seed, system)  # checks first
-    loaded = load(model, dtype, device, trust_remote_code)
-    session = ChatSession(loaded.model, loaded.tokenizer, config)
     interactive = sys.stdin.isatty()
+    if server is not None:
+        from sinklab.serve.client import RemoteChat
+
+        if system is not None:
+            raise SinklabError("--system is not sent to a --server; leave it out")
+        session = RemoteChat(server, api_key, max_new_tokens, temperature)
+        name = f"{session.model} at {server}"
+    else:
+        loaded = load(model, dtype, device, trust_remote_code)
+        session = ChatSession(loaded.model, loaded.tokenizer, config)
+        name = f"{loaded.info.name}, {n_sink} sinks + {window} window"
     if interactive:
-        stderr.print(f"sinklab chat: {loaded.info.name}, {n_sink} sinks + {window} window; {HELP}")
+        stderr.print(f"sinklab chat: {name}; {HELP}")
 
     def on_text(piece: str) -> None:
         sys.stdout.write(piece)
@@ -84,7 +107,9 @@ def chat(
             if command in ("/quit", "/exit"):
                 break
             if command == "/stats":
-                print(_format_stats(session.stats()), flush=True)
+                stats = session.stats()
+                remote = server is not None
+                print(_format_remote(stats) if remote else _format_stats(stats), flush=True)
             elif command == "/reset":
                 session.reset()
                 print("(conversation reset)", flush=True)

@@ -51,6 +51,16 @@ class ChatConfig:
 
 
 @dataclass
+class Opened:
+    """A turn whose text is read and whose reply is not decoded yet (:meth:`ChatSession.begin`)."""
+
+    messages: list[dict[str, str]]  # the conversation with the new messages
+    full: str  # its rendering, with the generation prompt
+    prompt_tokens: int  # tokens read for this turn
+    logits: torch.Tensor  # (V,) of the last of them
+
+
+@dataclass
 class Turn:
     """One reply: its text and tokens, what was read before it, and how fast it came."""
 
@@ -110,37 +120,87 @@ class ChatSession:
         """The user says ``text``; the reply is streamed to ``on_text`` and returned."""
         if not text.strip():
             raise SinklabError("empty message; type some text (or /stats, /reset, /quit)")
-        messages = [*self.messages, {"role": "user", "content": text}]
-        full = self._render(messages, prompt=True)
-        new_text = full[_common(self.read_text, full) :]  # what the cache has not read yet
-        ids = self.pending + self.tok(new_text, add_special_tokens=False).input_ids
-        cfg = self.config
-        logits = self._read(ids, cfg.prompt_chunk)
+        opened = self.begin([{"role": "user", "content": text}])
         start = time.perf_counter()  # the reply's speed: decoding only
         stream, tokens, ended = TextStream(self.tok), [], False
+        logits = opened.logits
         while True:
-            tok = int(next_token(logits[None], cfg.temperature, self.gen)[0])
+            tok = self.sample(logits)
             if tok in self.stops:
                 ended = True
                 break
             tokens.append(tok)
             if on_text is not None and (piece := stream.push([tok])):
                 on_text(piece)
-            if len(tokens) == cfg.max_new_tokens:
+            if len(tokens) == self.config.max_new_tokens:
                 break
             logits = self._forward([tok])
         if on_text is not None and (piece := stream.push([], final=True)):
             on_text(piece)
-        seconds = time.perf_counter() - start
+        return self.finish(opened, tokens, ended, time.perf_counter() - start)
+
+    # A turn in three parts, for a caller that decodes the reply elsewhere (sinklab serve decodes
+    # many sessions' replies in one batch): begin (read the new text), sample, finish.
+    @torch.inference_mode()
+    def begin(self, new: list[dict[str, str]]) -> Opened:
+        """Read the conversation with the ``new`` messages appended (and the generation prompt)
+        into the cache: -> the logits of its last token. Nothing else of the session changes
+        until :meth:`finish`."""
+        messages = [*self.messages, *new]
+        full = self._render(messages, prompt=True)
+        new_text = full[_common(self.read_text, full) :]  # what the cache has not read yet
+        ids = self.pending + self.tok(new_text, add_special_tokens=False).input_ids
+        logits = self._read(ids, self.config.prompt_chunk)
+        return Opened(messages, full, len(ids), logits)
+
+    def sample(self, logits: torch.Tensor, temperature: float | None = None) -> int:
+        """The next token from ``logits`` (V,): greedy at temperature 0, else sampled with the
+        session's generator (``temperature``: this turn's, else the config's)."""
+        t = self.config.temperature if temperature is None else temperature
+        return int(next_token(logits[None], t, self.gen)[0])
+
+    def finish(self, opened: Opened, tokens: list[int], ended: bool, seconds: float) -> Turn:
+        """Close the turn ``opened``: the reply is ``tokens`` (``ended``: the model stopped by
+        itself, else its last token is sampled but not read and comes first next turn)."""
         reply = self.tok.decode(tokens, skip_special_tokens=True)
         self.pending = [] if ended else tokens[-1:]
         read = tokens if ended else tokens[:-1]
-        self.read_text = full + self.tok.decode(read, skip_special_tokens=True)
-        self.messages = [*messages, {"role": "assistant", "content": reply}]
+        self.read_text = opened.full + self.tok.decode(read, skip_special_tokens=True)
+        self.messages = [*opened.messages, {"role": "assistant", "content": reply}]
         self.turns += 1
         rate = len(tokens) / seconds if seconds > 0 else math.inf
-        self.last = Turn(reply, len(tokens), len(ids), round(seconds, 3), rate)
+        self.last = Turn(reply, len(tokens), opened.prompt_tokens, round(seconds, 3), rate)
         return self.last
+
+    def record(self) -> dict[str, Any]:
+        """The conversation as JSON (everything but the cache and the generator's state)."""
+        return {
+            "messages": self.messages,
+            "read_text": self.read_text,
+            "pending": self.pending,
+            "turns": self.turns,
+            "most_kept": self.most_kept,
+            "top_position": self.top_position,
+        }
+
+    def load_record(self, record: dict[str, Any]) -> None:
+        """Take the conversation of :meth:`record` (the cache is set apart)."""
+        try:
+            messages = [
+                {"role": str(m["role"]), "content": str(m["content"])} for m in record["messages"]
+            ]
+            read_text, turns = str(record["read_text"]), int(record["turns"])
+            pending = [int(t) for t in record["pending"]]
+            most, top = int(record["most_kept"]), int(record["top_position"])
+        except (KeyError, TypeError, ValueError) as err:
+            raise SinklabError(f"not a chat record ({type(err).__name__}: {err})") from None
+        self.messages, self.read_text, self.pending, self.turns = (
+            messages,
+            read_text,
+            pending,
+            turns,
+        )
+        self.most_kept, self.top_position = most, top
 
     def _read(self, ids: list[int], chunk: int) -> torch.Tensor:
         """Read a turn's tokens, each chunk fitted into the cache first (evict_for_space)."""

@@ -1,0 +1,363 @@
+"""The HTTP side of ``sinklab serve`` (FastAPI on uvicorn): routes, API keys, limits, errors.
+
+Every refusal is an OpenAI-style JSON error (:class:`~sinklab.serve.protocol.ApiError`); an
+unexpected failure is logged on the server and answered with a bare 500, never a traceback.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import os
+import secrets
+import time
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+from starlette.exceptions import HTTPException
+
+from sinklab.serve.config import ServeConfig
+from sinklab.serve.engine import Engine, Job
+from sinklab.serve.metrics import Metrics
+from sinklab.serve.protocol import (
+    SESSION_ID,
+    ApiError,
+    ChatRequest,
+    chunk,
+    completion,
+    completion_id,
+    parse_request,
+    sse,
+)
+from sinklab.serve.sessions import Session
+
+
+def _error(err: ApiError) -> JSONResponse:
+    return JSONResponse(err.body(), status_code=err.status, headers=err.headers)
+
+
+class Server:
+    """The routes over one :class:`Engine`."""
+
+    def __init__(
+        self, engine: Engine, config: ServeConfig, metrics: Metrics, log: Callable[[str], None]
+    ) -> None:
+        self.engine, self.config, self.metrics, self.log = engine, config, metrics, log
+        self.created = int(time.time())
+
+    # ---------------------------------------------------------------- checks
+    def tenant(self, request: Request) -> str:
+        """The tenant of the request's key (401 without a known one); '' when keys are off."""
+        if not self.config.api_keys:
+            return ""
+        header = request.headers.get("authorization", "")
+        scheme, _, key = header.partition(" ")
+        if scheme.lower() == "bearer" and key:
+            for known, tenant in self.config.tenants.items():
+                if hmac.compare_digest(known.encode(), key.strip().encode()):
+                    return tenant
+        raise ApiError(
+            401,
+            "a valid API key is required: send 'Authorization: Bearer KEY'",
+            code="invalid_api_key",
+            headers={"WWW-Authenticate": "Bearer"},
+        )
+
+    async def body(self, request: Request) -> bytes:
+        limit = self.config.max_body_bytes
+        too_big = ApiError(
+            413,
+            f"the request body is over {limit} bytes; send only the new message with a session_id",
+            code="request_too_large",
+        )
+        length = request.headers.get("content-length")
+        if length is not None and (not length.isdigit() or int(length) > limit):
+            raise too_big
+        data = bytearray()
+        async for part in request.stream():
+            data += part
+            if len(data) > limit:
+                raise too_big
+        return bytes(data)
+
+    def owned(self, tenant: str, sid: str) -> Session:
+        with self.engine.lock:
+            s = self.engine.sessions.get(sid)
+        if s is None or s.tenant != tenant or not SESSION_ID.fullmatch(sid):
+            raise ApiError(404, f"no session {sid!r} for this key", code="session_not_found")
+        return s
+
+    # ---------------------------------------------------------------- sessions
+    def pick(
+        self, tenant: str, sid: str | None, messages: list[dict[str, str]]
+    ) -> tuple[Session, list[dict[str, str]], bool]:
+        """The session a request continues, the messages it adds, whether it is new; marks the
+        session busy. With ``sid``: that session (created if unknown); without: the tenant's
+        session whose conversation the messages extend, else a new one."""
+        eng = self.engine
+        with eng.lock:
+            session, created = None, False
+            if sid is not None:
+                session = eng.sessions.get(sid)
+                if session is not None and session.tenant != tenant:
+                    raise ApiError(
+                        404, f"no session {sid!r} for this key", code="session_not_found"
+                    )
+            else:
+                best = -1
+                for s in eng.sessions.values():
+                    known = s.chat.messages
+                    if (
+                        s.tenant == tenant
+                        and not s.busy
+                        and len(known) > best
+                        and 0 < len(known) < len(messages)
+                        and messages[: len(known)] == known
+                    ):
+                        session, best = s, len(known)
+            if session is None:
+                if len(eng.sessions) >= self.config.max_sessions:
+                    raise ApiError(
+                        429,
+                        f"the server holds its most sessions ({self.config.max_sessions}); "
+                        "delete one (DELETE /v1/sessions/ID) or retry later",
+                        type="rate_limit_error",
+                        code="too_many_sessions",
+                        headers={"Retry-After": "60"},
+                    )
+                sid = sid or "s-" + secrets.token_urlsafe(12)
+                session, created = eng.new_session(sid, tenant), True
+                eng.sessions[sid] = session
+            if session.busy:
+                raise ApiError(
+                    409,
+                    f"session {session.id!r} is answering another turn; wait for it",
+                    code="session_busy",
+                    headers={"Retry-After": "1"},
+                )
+            known = session.chat.messages
+            new = messages[len(known) :] if messages[: len(known)] == known else messages
+            if not new or new[-1]["role"] != "user":
+                if created:
+                    del eng.sessions[session.id]
+                raise ApiError(
+                    400,
+                    "the messages must end with a new user message",
+                    code="invalid_messages",
+                    param="messages",
+                )
+            session.busy = True
+        return session, new, created
+
+    def release(self, session: Session, created: bool) -> None:
+        with self.engine.lock:
+            session.busy = False
+            if created:
+                self.engine.sessions.pop(session.id, None)
+
+    # ---------------------------------------------------------------- routes
+    async def chat_completions(self, request: Request) -> Response:
+        tenant = self.tenant(request)
+        req = parse_request(await self.body(request))
+        cfg = self.config
+        if req.model != cfg.model_id:
+            raise ApiError(
+                404,
+                f"model {req.model!r} is not served here; this server serves {cfg.model_id!r}",
+                code="model_not_found",
+                param="model",
+            )
+        if len(req.messages) > cfg.max_messages:
+            raise ApiError(
+                400,
+                f"{len(req.messages)} messages is over this server's {cfg.max_messages}; send "
+                "only the new message with a session_id",
+                code="too_many_messages",
+                param="messages",
+            )
+        max_tokens = req.max_completion_tokens or req.max_tokens or cfg.default_max_tokens
+        if max_tokens > cfg.max_tokens_limit:
+            raise ApiError(
+                400,
+                f"max_tokens {max_tokens} is over this server's {cfg.max_tokens_limit}",
+                code="invalid_value",
+                param="max_tokens",
+            )
+        messages = [{"role": m.role, "content": m.text()} for m in req.messages]
+        session, new, created = self.pick(tenant, req.session_id, messages)
+        loop = asyncio.get_running_loop()
+        events: asyncio.Queue[tuple[str, Any]] = asyncio.Queue()
+        job = Job(
+            session,
+            new,
+            max_tokens,
+            req.temperature,
+            req.seed,
+            req.stops(),
+            time.monotonic() + cfg.request_timeout_s,
+            lambda ev: loop.call_soon_threadsafe(events.put_nowait, ev),
+            created=created,
+        )
+        try:
+            self.engine.submit(job)
+        except ApiError:
+            self.release(session, created)
+            raise
+        if req.stream:
+            return StreamingResponse(
+                self._stream(req, job, events),
+                media_type="text/event-stream",
+                headers={"Cache-Control": "no-cache"},
+            )
+        return await self._whole(job, events)
+
+    async def _whole(self, job: Job, events: asyncio.Queue) -> Response:
+        cid, text = completion_id(), []
+        try:
+            while True:
+                kind, value = await events.get()
+                if kind == "text":
+                    text.append(value)
+                elif kind == "error":
+                    return _error(value)
+                else:
+                    extra = {"session_id": job.session.id, "session": value["session"]}
+                    body = completion(
+                        cid,
+                        self.config.model_id,
+                        value["reply"],
+                        value["finish_reason"],
+                        value["usage"],
+                        extra,
+                    )
+                    return JSONResponse(body)
+        except asyncio.CancelledError:  # the client went away: the turn is dropped
+            job.cancelled.set()
+            raise
+
+    async def _stream(
+        self, req: ChatRequest, job: Job, events: asyncio.Queue
+    ) -> AsyncIterator[bytes]:
+        cid, model, sid = completion_id(), self.config.model_id, job.session.id
+        over = False
+        try:
+            yield sse(
+                chunk(cid, model, {"role": "assistant", "content": ""}, None, {"session_id": sid})
+            )
+            while True:
+                kind, value = await events.get()
+                if kind == "text":
+                    yield sse(chunk(cid, model, {"content": value}, None, {"session_id": sid}))
+                elif kind == "error":
+                    over = True
+                    yield sse(value.body())
+                    return
+                else:
+                    over = True
+                    extra = {"session_id": sid, "session": value["session"]}
+                    yield sse(chunk(cid, model, {}, value["finish_reason"], extra))
+                    if req.stream_options and req.stream_options.include_usage:
+                        usage = chunk(cid, model, {}, None, {"usage": value["usage"]})
+                        usage["choices"] = []
+                        yield sse(usage)
+                    yield sse("[DONE]")
+                    return
+        finally:
+            if not over:  # the client went away mid-reply: the turn is dropped
+                job.cancelled.set()
+
+    async def models(self, request: Request) -> Response:
+        self.tenant(request)
+        return JSONResponse(
+            {
+                "object": "list",
+                "data": [
+                    {
+                        "id": self.config.model_id,
+                        "object": "model",
+                        "created": self.created,
+                        "owned_by": "sinklab",
+                    }
+                ],
+            }
+        )
+
+    async def session(self, request: Request) -> Response:
+        s = self.owned(self.tenant(request), request.path_params["sid"])
+        return JSONResponse(
+            {"id": s.id, "object": "session", **s.summary(), "messages": s.chat.messages}
+        )
+
+    async def delete_session(self, request: Request) -> Response:
+        s = self.owned(self.tenant(request), request.path_params["sid"])
+        with self.engine.lock:
+            if s.busy:
+                raise ApiError(409, f"session {s.id!r} is answering a turn", code="session_busy")
+            del self.engine.sessions[s.id]
+        if self.engine.store is not None:
+            self.engine.store.delete(s)
+        return JSONResponse({"id": s.id, "object": "session.deleted", "deleted": True})
+
+    async def health(self, request: Request) -> Response:
+        return JSONResponse({"status": "ok", "model": self.config.model_id})
+
+    async def prometheus(self, request: Request) -> Response:
+        self.tenant(request)
+        eng = self.engine
+
+        def gauges() -> dict[str, float]:
+            with eng.lock:
+                n = len(eng.sessions)
+            return {"sessions": n, "kept": eng.kept_total(), "queue": eng.queue.qsize()}
+
+        return PlainTextResponse(
+            self.metrics.render(gauges), media_type="text/plain; version=0.0.4"
+        )
+
+
+def build_app(
+    engine: Engine, config: ServeConfig, metrics: Metrics, log: Callable[[str], None]
+) -> FastAPI:
+    """The ASGI app: OpenAI's routes plus sessions, health and metrics."""
+    server = Server(engine, config, metrics, log)
+    app = FastAPI(title="sinklab serve", docs_url=None, redoc_url=None, openapi_url=None)
+    app.add_api_route("/v1/chat/completions", server.chat_completions, methods=["POST"])
+    app.add_api_route("/v1/models", server.models, methods=["GET"])
+    app.add_api_route("/v1/sessions/{sid}", server.session, methods=["GET"])
+    app.add_api_route("/v1/sessions/{sid}", server.delete_session, methods=["DELETE"])
+    app.add_api_route("/health", server.health, methods=["GET"])
+    app.add_api_route("/metrics", server.prometheus, methods=["GET"])
+
+    @app.middleware("http")
+    async def count(request: Request, call_next):
+        response = await call_next(request)
+        metrics.add_request(response.status_code)
+        return response
+
+    @app.exception_handler(ApiError)
+    async def api_error(request: Request, err: ApiError) -> Response:
+        return _error(err)
+
+    @app.exception_handler(HTTPException)
+    async def http_error(request: Request, err: HTTPException) -> Response:
+        what = "no such route" if err.status_code == 404 else str(err.detail)
+        return _error(ApiError(err.status_code, f"{what}: {request.method} {request.url.path}"))
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid(request: Request, err: RequestValidationError) -> Response:
+        return _error(ApiError(400, "the request is not valid", code="invalid_value"))
+
+    @app.exception_handler(Exception)
+    async def crash(request: Request, err: Exception) -> Response:
+        log(f"internal error on {request.method} {request.url.path}: {type(err).__name__}: {err}")
+        if os.environ.get("SINKLAB_DEBUG"):
+            import traceback
+
+            traceback.print_exception(err)
+        metrics.add_request(500)
+        return _error(ApiError(500, "internal server error", type="server_error"))
+
+    return app

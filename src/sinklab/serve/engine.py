@@ -1,0 +1,297 @@
+"""The one thread that runs the model: it takes turns off a queue, reads each turn's new text
+alone (the prefill, exactly as ``sinklab chat`` reads it), then decodes every busy session's
+reply together in one :class:`~sinklab.stream.generation.StreamBatch` step after step; sessions
+join the batch (from their saved :class:`~sinklab.stream.state.StreamState`) and leave it
+between steps. A finished turn is written to disk before it is reported done; a turn that fails
+(full disk, timeout, a client gone, a crash) leaves its session as it was before the turn.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from sinklab.errors import SinklabError
+from sinklab.serve.config import ServeConfig
+from sinklab.serve.metrics import Metrics
+from sinklab.serve.protocol import ApiError
+from sinklab.serve.sessions import Session, SessionStore
+from sinklab.stream.cache import CacheConfig, SinkCache
+from sinklab.stream.chat import ChatConfig, ChatSession, Opened
+from sinklab.stream.generation import StreamBatch, TextStream
+from sinklab.stream.state import StreamState
+
+Emit = Callable[[tuple[str, Any]], None]  # ("text", str) | ("done", dict) | ("error", ApiError)
+
+
+@dataclass
+class Job:
+    """One turn of one session, from the request to its last event."""
+
+    session: Session
+    new: list[dict[str, str]]  # the messages this turn adds
+    max_tokens: int
+    temperature: float | None
+    seed: int | None
+    stops: list[str]
+    deadline: float
+    emit: Emit
+    created: bool = False  # the session was made for this turn (dropped if the turn fails)
+    cancelled: threading.Event = field(default_factory=threading.Event)
+    opened: Opened | None = None
+    tokens: list[int] = field(default_factory=list)
+    text: str = ""
+    sent: int = 0  # characters of ``text`` already emitted
+    stream: int | None = None  # its row in the batch
+    started: float = 0.0
+    snapshot: tuple[dict[str, Any], torch.Tensor] | None = None
+    ended: bool = False  # the model stopped by itself (its end token is not part of the reply)
+    detok: TextStream | None = None
+
+
+class Engine:
+    """Owns the model, the sessions and the batch. ``submit(job)`` from any thread; events come
+    back through ``job.emit`` (called on the engine thread)."""
+
+    def __init__(
+        self,
+        model: Any,
+        tokenizer: Any,
+        config: ServeConfig,
+        store: SessionStore | None,
+        metrics: Metrics,
+        log: Callable[[str], None],
+    ) -> None:
+        self.model, self.tok, self.config = model, tokenizer, config
+        self.store, self.metrics, self.log = store, metrics, log
+        self.cache_config = CacheConfig("sink", config.n_sink, config.window)
+        self.chat_config = ChatConfig(
+            config.n_sink, config.window, prompt_chunk=config.prompt_chunk
+        )
+        self.make_chat()  # refuses a tokenizer without a chat template, before serving
+        self.sessions: dict[str, Session] = {}
+        self.lock = threading.Lock()  # guards ``sessions`` and each session's ``busy``
+        self.queue: queue.Queue[Job] = queue.Queue()
+        self.batch = StreamBatch(model, self.cache_config)
+        self.active: list[Job] = []
+        self._stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, name="sinklab-engine", daemon=True)
+
+    # ------------------------------------------------------------------ sessions
+    def make_chat(self) -> ChatSession:
+        chat = ChatSession(self.model, self.tok, self.chat_config)
+        chat.cache = None  # type: ignore[assignment]  # a session's cache lives in its state
+        return chat
+
+    def empty_state(self) -> StreamState:
+        return StreamState(self.cache_config)
+
+    def new_session(self, sid: str, tenant: str) -> Session:
+        return Session(sid, tenant, self.make_chat(), self.empty_state())
+
+    def load(self) -> int:
+        """Take the sessions of ``--sessions`` (refusing broken files one by one)."""
+        if self.store is None:
+            return 0
+        for s in self.store.load_all(self.make_chat):
+            self.sessions[s.id] = s
+        return len(self.sessions)
+
+    # ------------------------------------------------------------------ the thread
+    def start(self) -> None:
+        self.thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self.thread.join(timeout=10)
+
+    def submit(self, job: Job) -> None:
+        if self.queue.qsize() >= self.config.max_queue:
+            raise ApiError(
+                429,
+                f"{self.queue.qsize()} turns are waiting for the model; retry shortly",
+                type="rate_limit_error",
+                code="queue_full",
+                headers={"Retry-After": "1"},
+            )
+        self.queue.put(job)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self._admit()
+                self._expire()
+                if self.active:
+                    self._step()
+            except Exception as err:  # never lose the thread: fail what is in flight
+                self.log(f"engine error: {type(err).__name__}: {err}")
+                for job in list(self.active):
+                    self._fail(job, ApiError(500, "the server failed to decode", "server_error"))
+                self.batch = StreamBatch(self.model, self.cache_config)
+            self.metrics.set_batch(len(self.active))
+
+    def _admit(self) -> None:
+        while len(self.active) < self.config.max_batch:
+            try:
+                job = self.queue.get(timeout=0.05 if not self.active else 0)
+            except queue.Empty:
+                return
+            self._prefill(job)
+
+    @torch.inference_mode()
+    def _prefill(self, job: Job) -> None:
+        """Read the turn's new text alone, sample its first token; join the batch if the reply
+        goes on."""
+        if job.cancelled.is_set() or time.monotonic() > job.deadline:
+            self._fail(job, _timeout() if not job.cancelled.is_set() else None)
+            return
+        chat = job.session.chat
+        job.snapshot = (chat.record(), chat.gen.get_state())
+        job.started = time.perf_counter()
+        try:
+            chat.cache = SinkCache.from_state(self.model, [job.session.state])
+            if job.seed is not None:
+                chat.gen.manual_seed(job.seed)
+            job.opened = chat.begin(job.new)
+        except SinklabError as err:
+            self._fail(job, ApiError(400, str(err), code="invalid_conversation"))
+            return
+        self.metrics.add_prompt(job.opened.prompt_tokens)
+        job.detok = TextStream(self.tok)
+        done = self._take(job, chat.sample(job.opened.logits, job.temperature))
+        if done is not None:
+            state = chat.cache.state()
+            chat.cache = None  # type: ignore[assignment]
+            self._complete(job, state, done)
+            return
+        job.stream = self.batch.add(chat.cache.state())
+        chat.cache = None  # type: ignore[assignment]
+        self.active.append(job)
+
+    @torch.inference_mode()
+    def _step(self) -> None:
+        """One decode step for every session in the batch."""
+        out = self.batch.feed({j.stream: [j.tokens[-1]] for j in self.active}, last_only=True)
+        for job in list(self.active):
+            tok = job.session.chat.sample(out[job.stream][0], job.temperature)
+            done = self._take(job, tok)
+            if done is not None:
+                state = self.batch.state(job.stream)
+                self._leave(job)
+                self._complete(job, state, done)
+
+    def _take(self, job: Job, tok: int) -> str | None:
+        """Add a sampled token to the reply; -> the finish reason when the reply is over."""
+        assert job.detok is not None
+        finish = None
+        if tok in job.session.chat.stops:
+            job.ended, finish = True, "stop"
+        else:
+            job.tokens.append(tok)
+            self.metrics.add_tokens(1)
+            job.text += job.detok.push([tok])
+            if len(job.tokens) >= job.max_tokens:
+                finish = "length"
+        if finish is not None:
+            job.text += job.detok.push([], final=True)
+        for stop in job.stops:
+            if (at := job.text.find(stop)) >= 0:
+                job.text, finish = job.text[:at], "stop"
+        self._flush(job, final=finish is not None)
+        return finish
+
+    def _flush(self, job: Job, final: bool) -> None:
+        """Emit the reply's text not sent yet (holding back what could start a stop string)."""
+        hold = 0 if final else max((len(s) - 1 for s in job.stops), default=0)
+        upto = max(job.sent, len(job.text) - hold)
+        if upto > job.sent:
+            job.emit(("text", job.text[job.sent : upto]))
+            job.sent = upto
+
+    def _leave(self, job: Job) -> None:
+        self.batch.remove(job.stream)
+        self.active.remove(job)
+        job.stream = None
+
+    def _expire(self) -> None:
+        now = time.monotonic()
+        for job in list(self.active):
+            if job.cancelled.is_set() or now > job.deadline:
+                self._leave(job)
+                self._fail(job, None if job.cancelled.is_set() else _timeout())
+
+    def _complete(self, job: Job, state: StreamState, finish: str) -> None:
+        """The reply is over: commit the turn, write it, then report it done."""
+        session, chat = job.session, job.session.chat
+        assert job.opened is not None
+        chat.finish(job.opened, job.tokens, job.ended, time.perf_counter() - job.started)
+        try:
+            if self.store is not None:
+                self.store.save(session, state)
+        except OSError as err:
+            self.log(f"session {session.id}: turn {chat.turns} not saved ({err.strerror or err})")
+            self._fail(
+                job,
+                ApiError(
+                    507,
+                    f"the session could not be saved ({err.strerror or err}); the turn was "
+                    "not applied, the session is as before it",
+                    type="server_error",
+                    code="insufficient_storage",
+                ),
+            )
+            return
+        session.state = state
+        with self.lock:
+            session.busy = False
+        prompt = job.opened.prompt_tokens
+        job.emit(
+            (
+                "done",
+                {
+                    "finish_reason": finish,
+                    "reply": job.text,
+                    "usage": {
+                        "prompt_tokens": prompt,
+                        "completion_tokens": len(job.tokens),
+                        "total_tokens": prompt + len(job.tokens),
+                    },
+                    "session": session.summary(),
+                },
+            )
+        )
+
+    def _fail(self, job: Job, error: ApiError | None) -> None:
+        """Undo the turn (the session is as before it) and report ``error``."""
+        session, chat = job.session, job.session.chat
+        if job.snapshot is not None:
+            record, gen = job.snapshot
+            chat.load_record(record)
+            chat.gen.set_state(gen)
+        chat.cache = None  # type: ignore[assignment]
+        with self.lock:
+            session.busy = False
+            if job.created and self.sessions.get(session.id) is session:
+                del self.sessions[session.id]
+        if error is not None:
+            job.emit(("error", error))
+
+    # ------------------------------------------------------------------ read-outs
+    def kept_total(self) -> int:
+        with self.lock:
+            return sum(s.state.kept for s in self.sessions.values())
+
+
+def _timeout() -> ApiError:
+    return ApiError(
+        504,
+        "the turn ran past the server's --request-timeout; it was not applied",
+        type="timeout_error",
+        code="request_timeout",
+    )

@@ -1,0 +1,248 @@
+"""``sinklab serve`` end to end, on a tiny chat model served on a free 127.0.0.1 port: the official
+``openai`` client (plain and streamed completions, sessions, the whole-``messages`` prefix reuse,
+``/v1/models``); the replies equal ``sinklab chat``'s for the same turns, alone and with several
+sessions decoded in one batch; ``httpx`` for the refusals (401, 404 across keys, 413, 429, bad
+JSON and values, OpenAI-style bodies, no traceback); ``/metrics``; ``sinklab chat --server``; the
+bind rule. Crash, corrupt files and a full disk are in tests/test_serve_faults.py."""
+
+from __future__ import annotations
+
+import copy
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+
+from helpers import assert_one_line_error, run_main
+from serving import Served
+from sinklab.models.loading import load_model
+from sinklab.stream.chat import ChatConfig, ChatSession
+
+N_SINK, WINDOW, MAX_TOKENS = 2, 30, 8
+TEMPLATE = (
+    "{% for m in messages %}<s> {{ m['role'] }} {{ m['content'] }} </s> {% endfor %}"
+    "{% if add_generation_prompt %}<s> assistant {% endif %}"
+)
+TURNS = [
+    "To be or not to be",
+    "that is the question whether tis nobler in the mind to suffer",
+    "the slings and arrows of outrageous fortune",
+    "or to take arms against a sea of troubles",
+]
+KEYS = ("key-a", "key-b")
+
+
+@pytest.fixture(scope="module")
+def chat_dir(tmp_path_factory, tiny_model_factory, tiny_tokenizer) -> Path:
+    folder = tmp_path_factory.mktemp("tiny-chat-serve")
+    tok = copy.deepcopy(tiny_tokenizer)
+    tok.chat_template = TEMPLATE
+    tiny_model_factory("llama", seed=13).save_pretrained(folder)
+    tok.save_pretrained(folder)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def local(chat_dir):
+    """``sinklab chat``'s engine on the same folder: the reference replies."""
+    loaded = load_model(str(chat_dir))
+
+    def replies(turns: list[str], max_new_tokens: int = MAX_TOKENS) -> list[str]:
+        cfg = ChatConfig(N_SINK, WINDOW, max_new_tokens=max_new_tokens)
+        session = ChatSession(loaded.model, loaded.tokenizer, cfg)
+        return [session.turn(t).reply for t in turns]
+
+    return replies
+
+
+@pytest.fixture(scope="module")
+def server(chat_dir, tmp_path_factory):
+    sessions = tmp_path_factory.mktemp("sessions")
+    args = ["--model", str(chat_dir), "--n-sink", str(N_SINK), "--window", str(WINDOW)]
+    args += ["--sessions", str(sessions), "--max-sessions", "8", "--max-tokens", "64"]
+    for key in KEYS:
+        args += ["--api-key", key]
+    served = Served(*args)
+    yield served
+    served.stop()
+
+
+def _client(server: Served, key: str = KEYS[0]) -> openai.OpenAI:
+    return openai.OpenAI(base_url=server.base, api_key=key, max_retries=0, timeout=60)
+
+
+def _say(client: openai.OpenAI, model: str, text: str, sid: str | None, stream: bool):
+    """One turn through the openai client -> (reply, session_id, session block)."""
+    extra = {"session_id": sid} if sid else {}
+    msgs = [{"role": "user", "content": text}]
+    if not stream:
+        out = client.chat.completions.create(
+            model=model, messages=msgs, max_tokens=MAX_TOKENS, temperature=0, extra_body=extra
+        )
+        return out.choices[0].message.content, out.session_id, out.session
+    parts, last = [], None
+    for ev in client.chat.completions.create(
+        model=model, messages=msgs, max_tokens=MAX_TOKENS, stream=True, extra_body=extra
+    ):
+        parts += [c.delta.content for c in ev.choices if c.delta.content]
+        last = ev
+    return "".join(parts), last.session_id, last.session
+
+
+def test_openai_client_sessions_equal_sinklab_chat(server, local, chat_dir):
+    client = _client(server)
+    models = client.models.list().data
+    assert [m.id for m in models] == [str(chat_dir)]
+    model = models[0].id
+    got, seen = [], 0
+    for i, text in enumerate(TURNS):
+        reply, sid, session = _say(client, model, text, "alice", stream=i % 2 == 1)
+        got.append(reply)
+        assert sid == "alice"
+        assert session["turns"] == i + 1
+        assert session["kept"] <= N_SINK + WINDOW
+        assert session["tokens_seen"] > seen
+        seen = session["tokens_seen"]
+    assert seen > N_SINK + WINDOW  # the cache evicted
+    assert got == local(TURNS)
+    # a plain OpenAI request with the whole conversation continues the session it extends
+    history = httpx.get(server.base + "/sessions/alice", headers=_auth(KEYS[0]), timeout=30)
+    history = history.json()["messages"]
+    out = client.chat.completions.create(
+        model=model,
+        messages=[*history, {"role": "user", "content": "and by opposing end them"}],
+        max_tokens=MAX_TOKENS,
+    )
+    assert out.session_id == "alice" and out.session["turns"] == len(TURNS) + 1
+    assert out.choices[0].message.content == local([*TURNS, "and by opposing end them"])[-1]
+    assert out.usage.completion_tokens <= MAX_TOKENS
+    # without a session_id and a conversation nobody holds: a new session, named in the reply
+    fresh = client.chat.completions.create(
+        model=model, messages=[{"role": "user", "content": TURNS[0]}], max_tokens=MAX_TOKENS
+    )
+    assert fresh.session_id != "alice" and fresh.session["turns"] == 1
+    assert fresh.choices[0].message.content == got[0]
+
+
+def test_batched_sessions_equal_each_alone(server, local):
+    """Four clients at once: their turns decode in one batch, each equal to its session alone."""
+    turns = {f"batch{i}": [TURNS[(i + k) % 4] for k in range(3)] for i in range(4)}
+    got: dict[str, list[str]] = {}
+    errors: list[BaseException] = []
+
+    def talk(sid: str) -> None:
+        try:
+            client = _client(server)
+            got[sid] = [_say(client, server_model(server), t, sid, False)[0] for t in turns[sid]]
+        except BaseException as err:
+            errors.append(err)
+
+    threads = [threading.Thread(target=talk, args=(sid,)) for sid in turns]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=240)
+    assert not errors, errors
+    for sid, texts in turns.items():
+        assert got[sid] == local(texts), sid
+    metrics = httpx.get(server.url + "/metrics", headers=_auth(KEYS[0]), timeout=30).text
+    peak = float(_metric(metrics, "sinklab_batch_size_peak"))
+    assert peak >= 2, metrics  # some steps decoded several sessions at once
+
+
+def server_model(server: Served) -> str:
+    return _client(server).models.list().data[0].id
+
+
+def _auth(key: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {key}"}
+
+
+def _metric(text: str, name: str) -> str:
+    for line in text.splitlines():
+        if line.startswith(name + " ") or line.startswith(name + "{"):
+            return line.split()[-1]
+    raise AssertionError(f"{name} not in /metrics:\n{text}")
+
+
+def _refused(resp: httpx.Response, status: int, needle: str) -> dict:
+    assert resp.status_code == status, (resp.status_code, resp.text)
+    body = resp.json()
+    assert set(body) == {"error"} and needle in body["error"]["message"], body
+    assert "Traceback" not in resp.text
+    return body["error"]
+
+
+def test_refusals_are_openai_errors(server):
+    model = server_model(server)
+    url = server.base + "/chat/completions"
+    ok = {"model": model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+    with httpx.Client(timeout=60) as http:
+        _refused(http.post(url, json=ok), 401, "API key")
+        _refused(http.post(url, json=ok, headers=_auth("nope")), 401, "API key")
+        _refused(http.get(server.base + "/models"), 401, "API key")
+        a, b = _auth(KEYS[0]), _auth(KEYS[1])
+        first = http.post(url, json={**ok, "session_id": "carol"}, headers=a)
+        assert first.status_code == 200, first.text
+        # another key cannot read, continue or delete it
+        _refused(http.get(server.base + "/sessions/carol", headers=b), 404, "no session")
+        _refused(http.post(url, json={**ok, "session_id": "carol"}, headers=b), 404, "no session")
+        _refused(http.delete(server.base + "/sessions/carol", headers=b), 404, "no session")
+        assert http.get(server.base + "/sessions/carol", headers=a).json()["turns"] == 1
+        _refused(http.post(url, content=b"{not json", headers=a), 400, "not valid JSON")
+        _refused(http.post(url, json=[1, 2], headers=a), 400, "JSON object")
+        _refused(http.post(url, json={**ok, "max_tokens": "many"}, headers=a), 400, "max_tokens")
+        _refused(http.post(url, json={**ok, "max_tokens": -3}, headers=a), 400, "max_tokens")
+        _refused(http.post(url, json={**ok, "max_tokens": 65}, headers=a), 400, "over this")
+        _refused(http.post(url, json={**ok, "temperature": -1}, headers=a), 400, "temperature")
+        _refused(http.post(url, json={**ok, "session_id": "no/slash"}, headers=a), 400, "session")
+        _refused(http.post(url, json={**ok, "messages": []}, headers=a), 400, "messages")
+        _refused(http.post(url, json={**ok, "model": "gpt-4o"}, headers=a), 404, "not served")
+        many = [{"role": "user", "content": "x"}] * 300
+        _refused(http.post(url, json={**ok, "messages": many}, headers=a), 400, "messages")
+        big = {**ok, "messages": [{"role": "user", "content": "x" * (1 << 20)}]}
+        _refused(http.post(url, json=big, headers=a), 413, "over")
+        _refused(http.get(server.url + "/v1/nowhere", headers=a), 404, "no such route")
+        assert http.get(server.url + "/health").json()["status"] == "ok"
+        # sessions are capped (8): new ones get 429 with Retry-After until one is deleted
+        for i in range(20):
+            resp = http.post(url, json={**ok, "session_id": f"fill{i}"}, headers=b)
+            if resp.status_code == 429:
+                break
+            assert resp.status_code == 200, resp.text
+        else:
+            raise AssertionError("no 429 after 20 new sessions with --max-sessions 8")
+        assert int(resp.headers["Retry-After"]) > 0
+        _refused(resp, 429, "most sessions")
+        gone = http.delete(server.base + "/sessions/fill0", headers=b)
+        assert gone.status_code == 200 and gone.json()["deleted"] is True
+        assert http.post(url, json={**ok, "session_id": "late"}, headers=b).status_code == 200
+        metrics = http.get(server.url + "/metrics", headers=a).text
+        for j in range(1, i):  # make room for the tests after this one
+            assert http.delete(server.base + f"/sessions/fill{j}", headers=b).status_code == 200
+    assert int(_metric(metrics, "sinklab_sessions")) == 8
+    assert 'sinklab_requests_total{status="401"}' in metrics
+    assert float(_metric(metrics, "sinklab_rss_bytes")) > 1e6
+    assert int(_metric(metrics, "sinklab_kept_positions")) > 0
+
+
+def test_chat_with_server_equals_local_chat(server, local):
+    lines = "\n".join(TURNS[:2]) + "\n/stats\n"
+    cmd = [sys.executable, "-m", "sinklab.cli", "chat", "--server", server.url]
+    cmd += ["--api-key", KEYS[0], "--max-new-tokens", str(MAX_TOKENS)]
+    out = subprocess.run(cmd, input=lines, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and not out.stderr, out.stderr
+    printed = out.stdout.splitlines()
+    assert printed[:2] == local(TURNS[:2])
+    assert printed[2].startswith("turns 2, tokens seen")
+
+
+def test_non_loopback_bind_without_key_is_refused(capsys):
+    run = run_main(capsys, "serve", "--host", "0.0.0.0", "--port", "0")
+    assert_one_line_error(run, "--api-key")
+    run = run_main(capsys, "serve", "--api-key", "k", "--api-key", "k", "--port", "0")
+    assert_one_line_error(run, "twice")
