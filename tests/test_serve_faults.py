@@ -1,0 +1,175 @@
+"""``sinklab serve`` loses nothing: a saved session continues with the next-token logits it had
+(1e-5); broken, truncated or stale session files are refused one by one with a log line; a
+server killed with SIGKILL during a streamed reply restarts with every completed turn (the cut
+turn reported failed to its client, never applied) and goes on as if never stopped; a full disk
+fails the turn and keeps the session as it was."""
+
+from __future__ import annotations
+
+import copy
+import json
+import resource
+import shutil
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+import torch
+
+from serving import Served
+from sinklab.models.loading import load_model
+from sinklab.serve.sessions import Session, SessionStore
+from sinklab.stream.cache import SinkCache
+from sinklab.stream.chat import ChatConfig, ChatSession
+
+N_SINK, WINDOW, MAX_TOKENS = 2, 30, 8
+TEMPLATE = (
+    "{% for m in messages %}<s> {{ m['role'] }} {{ m['content'] }} </s> {% endfor %}"
+    "{% if add_generation_prompt %}<s> assistant {% endif %}"
+)
+TURNS = [
+    "To be or not to be",
+    "that is the question whether tis nobler in the mind to suffer",
+    "the slings and arrows of outrageous fortune",
+    "or to take arms against a sea of troubles",
+    "and by opposing end them to die to sleep no more",
+]
+IDENTITY = {"model": "tiny", "n_sink": N_SINK, "window": WINDOW}
+
+
+@pytest.fixture(scope="module")
+def chat_dir(tmp_path_factory, tiny_model_factory, tiny_tokenizer) -> Path:
+    folder = tmp_path_factory.mktemp("tiny-chat-faults")
+    tok = copy.deepcopy(tiny_tokenizer)
+    tok.chat_template = TEMPLATE
+    tiny_model_factory("llama", seed=13).save_pretrained(folder)
+    tok.save_pretrained(folder)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def loaded(chat_dir):
+    return load_model(str(chat_dir))
+
+
+def _chat(loaded, max_new_tokens: int = MAX_TOKENS) -> ChatSession:
+    cfg = ChatConfig(N_SINK, WINDOW, max_new_tokens=max_new_tokens)
+    return ChatSession(loaded.model, loaded.tokenizer, cfg)
+
+
+def _stored(loaded, turns: int) -> tuple[ChatSession, Session]:
+    chat = _chat(loaded)
+    for text in TURNS[:turns]:
+        chat.turn(text)
+    return chat, Session("dana", "tenant", chat, chat.cache.state())
+
+
+def test_saved_session_continues_with_the_same_logits(loaded, tmp_path):
+    chat, session = _stored(loaded, 3)
+    logs: list[str] = []
+    SessionStore(tmp_path, IDENTITY, logs.append).save(session, session.state)
+    back = SessionStore(tmp_path, IDENTITY, logs.append).load_all(lambda: _chat(loaded))
+    assert not logs and [s.id for s in back] == ["dana"]
+    again = back[0].chat
+    assert again.messages == chat.messages and again.turns == 3
+    again.cache = SinkCache.from_state(loaded.model, [back[0].state])
+    new = [{"role": "user", "content": TURNS[3]}]
+    want, got = chat.begin(new).logits, again.begin(new).logits
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+
+
+def test_broken_session_files_are_refused_one_by_one(loaded, tmp_path):
+    _, session = _stored(loaded, 2)
+    store = SessionStore(tmp_path, IDENTITY, print)
+    store.save(session, session.state)
+    good = json.loads((tmp_path / "dana.json").read_text())
+    tensors = tmp_path / good["tensors"]
+    (tmp_path / "junk.json").write_text("{ not json")
+    (tmp_path / "half.json").write_text((tmp_path / "dana.json").read_text()[:100])
+    shutil.copy(tensors, tmp_path / "cut.2.safetensors")
+    with open(tmp_path / "cut.2.safetensors", "r+b") as f:
+        f.truncate(tensors.stat().st_size // 2)
+    (tmp_path / "cut.json").write_text(
+        json.dumps({**good, "id": "cut", "tensors": "cut.2.safetensors"})
+    )
+    (tmp_path / "old.json").write_text(
+        json.dumps({**good, "id": "old", "server": {**IDENTITY, "window": 9}})
+    )
+    logs: list[str] = []
+    back = SessionStore(tmp_path, IDENTITY, logs.append).load_all(lambda: _chat(loaded))
+    assert [s.id for s in back] == ["dana"]
+    refused = sorted(line.split()[2] for line in logs)
+    assert refused == ["cut.json", "half.json", "junk.json", "old.json"], logs
+    assert any("sha256" in line for line in logs) and any("stale" in line for line in logs)
+
+
+def _turn(http: httpx.Client, base: str, model: str, sid: str, text: str) -> httpx.Response:
+    body = {
+        "model": model,
+        "messages": [{"role": "user", "content": text}],
+        "max_tokens": MAX_TOKENS,
+        "session_id": sid,
+    }
+    return http.post(base + "/chat/completions", json=body)
+
+
+def test_kill9_mid_reply_restart_and_full_disk(chat_dir, loaded, tmp_path):
+    reference = _chat(loaded)
+    want = [reference.turn(t).reply for t in TURNS]
+    long_chat = _chat(loaded, max_new_tokens=120)
+    for t in TURNS[:2]:
+        long_chat.turn(t)
+    assert long_chat.turn(TURNS[2]).new_tokens == 120  # the reply to cut is long
+    sessions = tmp_path / "sessions"
+    args = ["--model", str(chat_dir), "--n-sink", str(N_SINK), "--window", str(WINDOW)]
+    args += ["--sessions", str(sessions)]
+    model = str(chat_dir)
+    first = Served(*args)
+    try:
+        with httpx.Client(timeout=60) as http:
+            for t, w in zip(TURNS[:2], want, strict=False):
+                resp = _turn(http, first.base, model, "bob", t)
+                assert resp.json()["choices"][0]["message"]["content"] == w
+        client = openai.OpenAI(base_url=first.base, api_key="none", max_retries=0, timeout=60)
+        stream = client.chat.completions.create(
+            model=model,
+            messages=[{"role": "user", "content": TURNS[2]}],
+            max_tokens=120,
+            stream=True,
+            extra_body={"session_id": "bob"},
+        )
+        received = 0
+        with pytest.raises((openai.APIError, httpx.HTTPError)):
+            for ev in stream:
+                received += sum(1 for c in ev.choices if c.delta.content)
+                if received == 3:
+                    first.kill()  # SIGKILL in the middle of the reply
+    finally:
+        first.kill()
+    assert received >= 3
+    (sessions / "evil.json").write_text("garbage")
+    second = Served(*args)
+    try:
+        assert "session file evil.json refused" in second.log
+        with httpx.Client(timeout=60) as http:
+            bob = http.get(second.base + "/sessions/bob").json()
+            assert bob["turns"] == 2  # the cut turn was never applied
+            for t, w in zip(TURNS[2:4], want[2:4], strict=True):
+                resp = _turn(http, second.base, model, "bob", t)
+                assert resp.json()["choices"][0]["message"]["content"] == w
+            before = {p.name: p.read_bytes() for p in sessions.iterdir()}
+            limit = resource.prlimit(second.proc.pid, resource.RLIMIT_FSIZE)
+            resource.prlimit(second.proc.pid, resource.RLIMIT_FSIZE, (1, limit[1]))
+            full = _turn(http, second.base, model, "bob", TURNS[4])
+            assert full.status_code == 507, full.text
+            assert "not applied" in full.json()["error"]["message"]
+            assert http.get(second.base + "/sessions/bob").json()["turns"] == 4
+            assert {p.name: p.read_bytes() for p in sessions.iterdir()} == before
+            resource.prlimit(second.proc.pid, resource.RLIMIT_FSIZE, limit)
+            resp = _turn(http, second.base, model, "bob", TURNS[4])
+            assert resp.json()["choices"][0]["message"]["content"] == want[4]
+            assert resp.json()["session"]["turns"] == 5
+        assert "Traceback" not in second.log
+    finally:
+        second.stop()
