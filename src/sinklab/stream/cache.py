@@ -67,7 +67,7 @@ from sinklab.models.rotary import rope_of
 from sinklab.stream.layer import SinkLayer, Step
 from sinklab.stream.policy import CACHE_POLICIES, POLICIES, CacheConfig, kept_positions
 from sinklab.stream.slots import Plan, Row, check_positions, plan_chunk, plan_ring, ring_slots
-from sinklab.stream.state import StreamState, cache_from_states, state_of
+from sinklab.stream.state import StreamState, check_states, fill_from_states, state_of
 
 __all__ = [
     "CACHE_POLICIES",
@@ -203,7 +203,7 @@ class SinkCache(Cache):
     ) -> SinkCache:
         """A cache whose row ``b`` continues ``states[b]`` with the logits it would have given
         in the cache it came from (see :mod:`sinklab.stream.state`)."""
-        return cache_from_states(model, states, max_position)
+        return fill_from_states(cls(model, check_states(states), max_position), states)
 
     # ------------------------------------------------------------------ sinklab's loops
     def prepare(self, new: int | Sequence[int] = 1) -> dict[str, Tensor]:

@@ -153,24 +153,26 @@ def state_of(cache: SinkCache, row: int = 0) -> StreamState:
     return state
 
 
-def cache_from_states(
-    model: Any, states: Sequence[StreamState], max_position: int | None = None
-) -> SinkCache:
-    """A cache whose row ``b`` continues ``states[b]`` (all of one :class:`CacheConfig`), each
-    row's kept slots right-aligned (the layout :mod:`sinklab.stream.slots` keeps)."""
-    from sinklab.stream.cache import SinkCache
-
+def check_states(states: Sequence[StreamState]) -> CacheConfig:
+    """The one cache config of ``states`` (at least one), each checked."""
     if not states:
-        raise SinklabError("cache_from_states needs at least one stream state")
+        raise SinklabError("a cache is rebuilt from at least one stream state")
     config = states[0].config
     if any(s.config != config for s in states):
         raise SinklabError("stream states of different cache configs cannot share a cache")
-    cache = SinkCache(model, config, max_position)
+    for s in states:
+        s.check()
+    return config
+
+
+def fill_from_states(cache: SinkCache, states: Sequence[StreamState]) -> SinkCache:
+    """Make the fresh ``cache`` (of the states' config) continue ``states``: row ``b`` is
+    ``states[b]``, each row's kept slots right-aligned (the layout
+    :mod:`sinklab.stream.slots` keeps)."""
     _servable(cache)
     n_used = max(s.kept for s in states)
     rows = []
     for s in states:
-        s.check()
         pad = n_used - s.kept
         rows.append(
             Row(
