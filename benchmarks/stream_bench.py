@@ -320,10 +320,10 @@ def ensure_peer_venv(name: str) -> tuple[Path | None, str | None]:
 
 def peer_model_dir() -> Path:
     """The dequantized SmolLM2 with a config transformers 4.34 can read (``rope_theta``)."""
-    from sinklab.models.loading import _smollm2_cached_folder, file_sha256, smollm2_gguf_path
+    from sinklab.models.loading import SMOLLM2, dequantize, file_sha256, smollm2_gguf_path
 
     gguf = smollm2_gguf_path()
-    src = _smollm2_cached_folder(gguf, file_sha256(gguf))
+    src = dequantize(SMOLLM2, gguf, file_sha256(gguf))
     dst = WORK / "smollm2-peer"
     if not (dst / "config.json").exists():
         shutil.copytree(src, dst, dirs_exist_ok=True)

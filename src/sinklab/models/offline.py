@@ -5,6 +5,8 @@
 state too. ``sinklab/__init__`` calls it before anything imports ``huggingface_hub`` or
 ``transformers``, and the model loader calls it again before every load: an id is then resolved
 in the local cache only, with no DNS query, no user-agent probe and no telemetry.
+:func:`cache_dir` is where sinklab keeps what it derives from installed files (the float32
+copies of the zoo's GGUF models, the fetched zoo files).
 """
 
 from __future__ import annotations
@@ -23,6 +25,15 @@ _ENV = {
     "HF_HUB_DISABLE_TELEMETRY": "1",
     "HF_HUB_DISABLE_IMPLICIT_TOKEN": "1",
 }
+
+
+def cache_dir() -> Path:
+    """sinklab's cache folder (``$SINKLAB_CACHE``, else ``$XDG_CACHE_HOME/sinklab``, else
+    ``~/.cache/sinklab``; created on demand by writers, not here)."""
+    if env := os.environ.get("SINKLAB_CACHE"):
+        return Path(env).expanduser()
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "sinklab"
 
 
 def enforce_offline() -> None:

