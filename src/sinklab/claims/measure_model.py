@@ -46,31 +46,43 @@ def _n_layers(model: nn.Module) -> int:
 
 
 # --------------------------------------------------------------------------- probe
+def sink_head_numbers(res: Any, eps: float) -> dict[str, Any]:
+    """A probe result's sink heads at ``eps``: the probe's own sink rate, how many heads are
+    sinks, and over them the geometric means of the value-norm ratio and of the output share per
+    unit of sink mass (``sink-value-small``, ``sink-output-small``; None without a sink head)."""
+    from sinklab.probe.spec import eps_key
+
+    mass = res.sink_mass.double()  # (L, H)
+    sink = mass > eps
+    ratio = res.value_norm_ratio.double()[sink].tolist()
+    share = (res.sink_output_share.double()[sink] / mass[sink]).tolist()
+    return {
+        "rate": float(res.sink_rate[eps_key(eps)]),  # the probe's own count of ``sink``
+        "sink_heads": int(sink.sum()),
+        "n_heads": int(mass.numel()),
+        "value_ratio": _geomean(ratio),
+        "output_share": _geomean(share),
+    }
+
+
 def measure_probe(
     model: nn.Module, samples: Sequence[Sample], cfg: Any, tick: Tick
 ) -> dict[str, Measurement]:
     """first-token-sinks, sink-value-small, sink-output-small: one probe per sample."""
     from sinklab.probe import ProbeConfig, probe
-    from sinklab.probe.spec import eps_key
 
     eps = float(cfg.eps)
     pcfg = ProbeConfig(q0=cfg.q0, eps=(eps,))
     out = {k: Measurement() for k in ("first-token-sinks", "sink-value-small", "sink-output-small")}
     for name, ids in samples:
         ids = ids[: cfg.probe_tokens]
-        res = probe(model, ids, pcfg)
-        mass = res.sink_mass.double()  # (L, H)
-        sink = mass > eps
-        n_sink = int(sink.sum())
-        rate = float(res.sink_rate[eps_key(eps)])  # the probe's own count of ``sink``
-        ratio = res.value_norm_ratio.double()[sink].tolist()
-        share = (res.sink_output_share.double()[sink] / mass[sink]).tolist()
-        common = {"sample": name, "tokens": int(ids.numel()), "sink_heads": n_sink}
+        heads = sink_head_numbers(probe(model, ids, pcfg), eps)
+        common = {"sample": name, "tokens": int(ids.numel()), "sink_heads": heads["sink_heads"]}
         out["first-token-sinks"].samples.append(
-            {**common, "effect": rate, "n_heads": int(mass.numel())}
+            {**common, "effect": heads["rate"], "n_heads": heads["n_heads"]}
         )
-        out["sink-value-small"].samples.append({**common, "effect": _geomean(ratio)})
-        out["sink-output-small"].samples.append({**common, "effect": _geomean(share)})
+        out["sink-value-small"].samples.append({**common, "effect": heads["value_ratio"]})
+        out["sink-output-small"].samples.append({**common, "effect": heads["output_share"]})
         tick("probe")
     sizes = {"tokens": cfg.probe_tokens, "q0": cfg.q0, "eps": eps}
     for m in out.values():

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -62,6 +62,7 @@ def report(
 
     Example: sinklab report --quick --out my-report
     """
+    from sinklab.claims.across import model_names
     from sinklab.report import ReportConfig, build_report, check_out_dir, select_stages
     from sinklab.report.stages import StageResult, parse_overrides
 
@@ -71,6 +72,10 @@ def report(
     config = ReportConfig.preset(quick, **parse_overrides(overrides or []))
     out = check_out_dir(out)  # cheap checks first: a bad folder fails before the model loads
     txt = load_text(text)
+    several = model_names(model)
+    if several is not None:
+        _report_across(several, txt, text, out, chosen, config, (dtype, device, trust_remote_code))
+        return
     loaded = load(model, dtype, device, trust_remote_code)
     config, notes = config.fit(loaded.info.max_positions, loaded.info.name)  # clamp, and say so
     for note in notes:
@@ -108,6 +113,60 @@ def report(
         f"({len(result.results) - len(failed)}/{len(result.results)} stages ok)"
     )
     print(result.index)  # stdout: the page's path, for scripts and `make demo`
+
+
+def _report_across(
+    names: list[str],
+    txt: Any,
+    text: str | None,
+    out: Path,
+    chosen: Any,
+    config: Any,
+    loading: tuple[str, str, bool],
+) -> None:
+    """``--model a,b,c``: one full report per model in ``out/<model>/``, one model in memory at
+    a time, and an index page with the claims across models (:mod:`sinklab.report.across`)."""
+    from sinklab.report.across import build_across
+    from sinklab.report.build import _build_in
+
+    dtype, device, trust = loading
+    model_options = (
+        *(("--dtype", dtype) if dtype != "float32" else ()),
+        *(("--device", device) if device != "cpu" else ()),
+        *(("--trust-remote-code",) if trust else ()),
+    )
+
+    def load_one(name: str) -> tuple[Any, list[str], Any]:
+        loaded = load(name, *loading)
+        fitted, notes = config.fit(loaded.info.max_positions, loaded.info.name)
+        for note in notes:
+            stderr.print(note, highlight=False, soft_wrap=True)
+        return loaded, notes, fitted
+
+    with progress() as bars:
+
+        def build(folder: Path, loaded: Any, notes: list[str], fitted: Any, name: str) -> Any:
+            tick = bars.callback(f"report {name}", 1.0)
+            return _build_in(
+                folder,
+                loaded,
+                txt,
+                chosen,
+                fitted,
+                name,
+                text or DEFAULT_TEXT,
+                lambda done, total, label: tick(done / total if total else 0.0, 1.0, label),
+                None,
+                out / folder.name,
+                notes,
+                model_options,
+            )
+
+        index, reports = build_across(names, load_one, out=out, build=build)
+    for name, rep in reports:
+        ok = sum(r.status == "ok" for r in rep.results)
+        stderr.print(f"{name}: {ok}/{len(rep.results)} stages ok in {rep.seconds:.0f} s")
+    print(index)
 
 
 def register(app: typer.Typer) -> None:
