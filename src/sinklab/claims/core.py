@@ -190,7 +190,20 @@ def text_samples(tokenizer: Any, config: ClaimsConfig, max_positions: int | None
     samples = []
     for spec in config.texts:
         text = load_text(spec)
-        ids = token_stream(text, tokenizer, n * config.windows)
+        try:
+            ids = token_stream(text, tokenizer, n * config.windows)
+        except SinklabError as err:  # say which options asked for that many tokens
+            sizes = {
+                "--tokens": config.probe_tokens,
+                "--stream-tokens": config.stream_tokens,
+                "--sensitivity-tokens": config.sensitivity_tokens,
+            }
+            largest = max(sizes, key=lambda k: sizes[k])
+            raise SinklabError(
+                f"{err} (each text needs {n} tokens x --windows {config.windows}: {n} is "
+                f"{largest} {sizes[largest]}, the largest of --tokens, --stream-tokens and "
+                f"--sensitivity-tokens; lower {largest})"
+            ) from None
         for k in range(config.windows):
             name = spec if config.windows == 1 else f"{spec}#{k}"
             samples.append((name, ids[k * n : (k + 1) * n]))

@@ -8,7 +8,6 @@ each pair (or group) is one sample. Nothing is trained here: a claim with no mat
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -17,6 +16,7 @@ from typing import Any
 
 from sinklab.claims.measure_model import Measurement
 from sinklab.errors import SinklabError
+from sinklab.safeio import read_json
 
 log = logging.getLogger(__name__)
 
@@ -72,10 +72,10 @@ def load_lab_runs(folder: Path) -> list[LabRun]:
     seen: set[tuple] = set()
     for path in sorted(folder.rglob("train.json")):
         try:
-            raw = json.loads(path.read_text(encoding="utf-8"))
+            raw = read_json(path, "lab run", "lab JSON")
             config, checkpoints = dict(raw["config"]), list(raw["checkpoints"])
             run = LabRun(path.parent, config, dict(checkpoints[-1]), dict(raw.get("val", {})))
-        except (OSError, ValueError, KeyError, TypeError, IndexError) as exc:
+        except (SinklabError, OSError, ValueError, KeyError, TypeError, IndexError) as exc:
             log.warning("skipping %s: %s", path, exc)
             continue
         if run.key() in seen:  # one run found in two sweeps' folders is one sample, not two

@@ -48,6 +48,11 @@ def _refuse_inapplicable(ctx: typer.Context, experiment: str) -> None:
 
 def _ints(value: str | None, name: str) -> tuple[int, ...] | None:
     """'0,2' or a range '4-8' (inclusive) or both: '0,4-8'."""
+    if value is not None and any(p.strip().startswith("-") for p in value.split(",")):
+        raise SinklabError(
+            f"{name} {value!r} has a negative number; positions and indices count from 0, "
+            "e.g. 0,1 or a range 4-8"
+        )
     if value is not None and "-" in value:
         out: list[int] = []
         for part in split_list(value, name, "0,4-8"):

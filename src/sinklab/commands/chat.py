@@ -3,26 +3,61 @@
 from __future__ import annotations
 
 import sys
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
 from sinklab.commands.common import DeviceOpt, DtypeOpt, ModelOpt, SeedOpt, TrustOpt, load, stderr
 from sinklab.commands.stream import NSinkOpt, WindowOpt
+from sinklab.errors import SinklabError
 
 HELP = "commands: /stats (tokens seen, kept, positions, tok/s), /reset, /quit"
 
 
+#: Longest line ``chat`` reads (bytes): far more than any message fits in a sink cache, and a
+#: stream with no newline (``/dev/zero``) is refused after this much instead of filling memory.
+MAX_LINE_BYTES = 1 << 16
+
+
+def _stdin() -> Any:
+    """The binary stdin, or a one-line error when there is none (started with ``<&-``)."""
+    stream = sys.stdin
+    if stream is None or getattr(stream, "closed", False) or not hasattr(stream, "buffer"):
+        raise SinklabError("stdin is closed; run sinklab chat in a terminal or pipe lines into it")
+    try:
+        stream.fileno()
+    except (OSError, ValueError):
+        raise SinklabError(
+            "stdin is closed; run sinklab chat in a terminal or pipe lines into it"
+        ) from None
+    return stream
+
+
 def _lines(interactive: bool):
-    """User lines: prompted on a terminal, read one per line from a pipe or file."""
+    """User lines: prompted on a terminal, read one per line from a pipe or file, each at most
+    :data:`MAX_LINE_BYTES` and UTF-8 text (else a one-line error: the input is not a chat)."""
+    buffer = _stdin().buffer
     while True:
         if interactive:
             sys.stderr.write("you> ")
             sys.stderr.flush()
-        line = sys.stdin.readline()
-        if not line:
+        raw = buffer.readline(MAX_LINE_BYTES + 1)
+        if not raw:
             return
-        yield line.rstrip("\n")
+        if len(raw) > MAX_LINE_BYTES and not raw.endswith(b"\n"):
+            raise SinklabError(
+                f"a line on stdin is longer than {MAX_LINE_BYTES} bytes; send messages of at "
+                f"most {MAX_LINE_BYTES // 1024} KiB, one per line"
+            )
+        if b"\x00" in raw:
+            raise SinklabError("stdin holds NUL bytes, not text; pipe UTF-8 text lines into chat")
+        try:
+            line = raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise SinklabError(
+                f"a line on stdin is not UTF-8 (bad byte at offset {exc.start}); pipe UTF-8 text"
+            ) from None
+        yield line.rstrip("\r\n")
 
 
 def _format_stats(s: dict) -> str:
@@ -75,11 +110,10 @@ def chat(
 
     Example: printf 'Hi!\\nName three plays by Shakespeare.\\n/stats\\n' | sinklab chat
     """
-    from sinklab.errors import SinklabError
     from sinklab.stream.chat import ChatConfig, ChatSession
 
     config = ChatConfig(n_sink, window, max_new_tokens, temperature, seed, system)  # checks first
-    interactive = sys.stdin.isatty()
+    interactive = _stdin().isatty()  # no stdin at all: one line before the model loads
     if server is not None:
         from sinklab.serve.client import RemoteChat
 

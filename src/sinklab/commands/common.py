@@ -24,16 +24,18 @@ from rich.progress import (
 from rich.text import Text
 
 from sinklab.errors import SinklabError
+from sinklab.parsing import (  # noqa: F401 (the commands import them from here)
+    parse_float_list,
+    parse_int_list,
+    short,
+    split_list,
+)
+from sinklab.seeds import SEED_MAX, SEED_MIN, check_seed
 
 
 class OutputFormat(StrEnum):
     text = "text"
     json = "json"
-
-
-def short(value: str, n: int = 60) -> str:
-    """``value`` for an error message: quoted, and cut in the middle when long."""
-    return repr(value if len(value) <= n else f"{value[: n - 15]}...{value[-12:]}")
 
 
 def _spec(option: str, default: str):
@@ -89,7 +91,14 @@ TrustOpt = Annotated[
         "--trust-remote-code", help="Allow a model's own Python code (only if you trust it)."
     ),
 ]
-SeedOpt = Annotated[int, typer.Option("--seed", help="Random seed.")]
+SeedOpt = Annotated[
+    int,
+    typer.Option(
+        "--seed",
+        help=f"Random seed ({SEED_MIN}..{SEED_MAX}, what torch accepts).",
+        callback=lambda value: check_seed(value),
+    ),
+]
 DtypeOpt = Annotated[
     str, typer.Option("--dtype", help="Weights and compute: float32, bfloat16 or float16.")
 ]
@@ -110,43 +119,6 @@ stderr = Console(stderr=True)
 def emit_json(data: Any) -> None:
     json.dump(data, sys.stdout, indent=1, default=str)
     sys.stdout.write("\n")
-
-
-def split_list(value: str, name: str, example: str) -> list[str]:
-    """'a, b' -> ['a', 'b']: the one rule for every comma-separated option (an empty item, as in
-    'a,' or 'a,,b', is refused: it is usually a typo)."""
-    parts = [p.strip() for p in value.split(",")]
-    if not any(parts):
-        raise SinklabError(f"{name} is empty; pass comma-separated values, e.g. {example}")
-    if not all(parts):
-        raise SinklabError(
-            f"{name} {short(value)} has an empty item; separate values with single commas, "
-            f"e.g. {example}"
-        )
-    return parts
-
-
-def parse_int_list(value: str | None, name: str) -> list[int] | None:
-    """'128,512,2048' -> [128, 512, 2048]; a clear error for anything else."""
-    if value is None:
-        return None
-    parts = split_list(value, name, "128,512")
-    try:
-        return [int(p) for p in parts]
-    except ValueError:
-        raise SinklabError(f"{name} must be comma-separated integers, got {short(value)}") from None
-
-
-def parse_float_list(value: str | None, name: str, example: str) -> tuple[float, ...] | None:
-    """'0,0.5,1' -> (0.0, 0.5, 1.0); ranges are checked by the configs."""
-    if value is None:
-        return None
-    try:
-        return tuple(float(p) for p in split_list(value, name, example))
-    except ValueError:
-        raise SinklabError(
-            f"{name} must be comma-separated numbers, e.g. {example}; got {short(value)}"
-        ) from None
 
 
 def given(ctx: typer.Context, name: str) -> bool:

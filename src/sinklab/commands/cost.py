@@ -18,6 +18,7 @@ from sinklab.commands.common import (
     progress,
     stderr,
 )
+from sinklab.lab.limits import MAX_BISECTIONS, MAX_DIM, MAX_STEPS
 
 
 class Task(StrEnum):
@@ -32,12 +33,16 @@ def cost(
     ] = None,
     task: Annotated[Task, typer.Option(help="Pattern(s) to fit.")] = Task.both,
     accuracy: Annotated[float, typer.Option(help="Min attention on the target key.")] = 0.9,
-    dim: Annotated[int | None, typer.Option(help="Embedding dim (default: T).")] = None,
-    steps: Annotated[int, typer.Option(help="Adam steps per norm radius.")] = 300,
+    dim: Annotated[
+        int | None, typer.Option(help=f"Embedding dim, 2..{MAX_DIM} (default: T).")
+    ] = None,
+    steps: Annotated[int, typer.Option(help=f"Adam steps per norm radius, 10..{MAX_STEPS}.")] = 300,
     shared: Annotated[
         float, typer.Option(help="Weight of a direction all tokens share (0: random tokens).")
     ] = 0.0,
-    bisections: Annotated[int, typer.Option(help="Bisection steps on the norm radius.")] = 7,
+    bisections: Annotated[
+        int, typer.Option(help=f"Bisection steps on the norm radius, 1..{MAX_BISECTIONS}.")
+    ] = 7,
     seed: SeedOpt = 0,
     out: Annotated[Path, typer.Option("--out", "-o", help="Output folder.")] = Path("lab-cost"),
     fmt: FormatOpt = OutputFormat.text,

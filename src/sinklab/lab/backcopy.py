@@ -30,6 +30,7 @@ from torch import Tensor
 
 from sinklab.errors import SinklabError
 from sinklab.lab.data import BOS_ID, SPECIAL_TOKENS
+from sinklab.seeds import derive_seed
 
 BACKCOPY_DATA = ("bos", "no-bos")
 N_SPECIAL = len(SPECIAL_TOKENS)
@@ -171,7 +172,7 @@ class BackcopyData:
         self.tokenizer = char_tokenizer(self.table)
 
     def _generator(self, seed: int, stream: int) -> torch.Generator:
-        return torch.Generator().manual_seed(seed * 2_000_003 + stream)
+        return torch.Generator().manual_seed(derive_seed(seed, 2_000_003, stream))
 
     def batch(
         self, step: int, batch_size: int, seed: int, rows: slice | None = None

@@ -57,9 +57,18 @@ class TrainConfig:
                 f"unknown data {self.data!r} for task {self.task}; use one of: "
                 f"{', '.join(TASK_DATA[self.task])}"
             )
-        for name, lo in (("steps", 1), ("layers", 1), ("heads", 1), ("batch_size", 1)):
+        for name, lo in (
+            ("steps", 1),
+            ("layers", 1),
+            ("heads", 1),
+            ("d_model", 2),
+            ("seq_len", 2),
+            ("batch_size", 1),
+        ):
             if getattr(self, name) < lo:
-                raise SinklabError(f"--{name.replace('_', '-')} must be >= {lo}")
+                raise SinklabError(
+                    f"--{name.replace('_', '-')} must be >= {lo}, got {getattr(self, name)}"
+                )
         if self.d_model % self.heads or (self.d_model // self.heads) % 2:
             raise SinklabError(
                 f"--d-model ({self.d_model}) must be a multiple of --heads ({self.heads}) with an "

@@ -38,6 +38,8 @@ import torch
 from torch import Tensor
 
 from sinklab.errors import SinklabError
+from sinklab.lab.limits import MAX_BISECTIONS, MAX_DIM, MAX_STEPS
+from sinklab.seeds import derive_seed
 
 log = logging.getLogger(__name__)
 
@@ -69,18 +71,23 @@ class CostConfig:
             raise SinklabError(f"unknown task(s) {bad}; use sink, diagonal or both")
         if not 0.5 <= self.accuracy < 1:
             raise SinklabError(f"accuracy must be in [0.5, 1), got {self.accuracy}")
-        if self.dim is not None and self.dim < 2:
-            raise SinklabError(f"dim must be >= 2 or None (= T), got {self.dim}")
+        if self.dim is not None and not 2 <= self.dim <= MAX_DIM:
+            raise SinklabError(f"--dim must be in 2..{MAX_DIM} or omitted (= T), got {self.dim}")
         if not 0 <= self.shared <= 10:
             raise SinklabError(f"shared must be in [0, 10], got {self.shared}")
-        if self.steps < 10 or self.bisections < 1:
-            raise SinklabError("steps must be >= 10 and bisections >= 1")
+        if not 10 <= self.steps <= MAX_STEPS:
+            raise SinklabError(f"--steps must be in 10..{MAX_STEPS}, got {self.steps}")
+        if not 1 <= self.bisections <= MAX_BISECTIONS:
+            raise SinklabError(
+                f"--bisections must be in 1..{MAX_BISECTIONS} (each halves the norm interval: "
+                f"{MAX_BISECTIONS} reach float64's resolution), got {self.bisections}"
+            )
 
 
 def embeddings(t: int, d: int, seed: int, shared: float = 0.0) -> Tensor:
     """Unit-norm token embeddings (T, d), float64, seeded by ``(seed, T)``: random directions,
     plus ``shared`` times the first basis vector before the final normalisation."""
-    g = torch.Generator().manual_seed(seed * 100_003 + t)
+    g = torch.Generator().manual_seed(derive_seed(seed, 100_003, t))
     x = torch.randn(t, d, generator=g, dtype=torch.float64)
     x = x / x.norm(dim=1, keepdim=True)
     if shared:

@@ -18,7 +18,6 @@ under ``torchrun --nproc-per-node N`` (DDP, :mod:`sinklab.lab.ranks`; rank 0 wri
 from __future__ import annotations
 
 import functools
-import json
 import logging
 import math
 import os
@@ -44,6 +43,7 @@ from sinklab.meta import attach_meta, write_json_atomic
 from sinklab.models.loading import describe, file_sha256
 from sinklab.probe import ProbeConfig, probe
 from sinklab.probe.spec import DEFAULT_EPS
+from sinklab.safeio import read_json
 
 log = logging.getLogger(__name__)
 
@@ -89,7 +89,7 @@ class TrainResult:
 def load_result(out: Path) -> TrainResult | None:
     """The finished run saved in ``out/train.json``, or None when there is none (or unreadable)."""
     try:
-        raw = json.loads((out / "train.json").read_text(encoding="utf-8"))
+        raw = read_json(out / "train.json", "lab run", "lab JSON")
         config = TrainConfig(**raw["config"])
         loss = [(int(s), float(v)) for s, v in raw["loss"]]
         meta, run = raw.get("meta", {}), raw.get("run", {})

@@ -16,6 +16,8 @@ import json
 import logging
 import shutil
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -30,6 +32,7 @@ from sinklab.models.arch import (
     decoder_config,
     kv_heads,
 )
+from sinklab.models.checks import check_model_folder
 from sinklab.models.offline import cache_dir, enforce_offline
 from sinklab.models.rotary import position_scheme
 from sinklab.models.zoo import (
@@ -44,6 +47,7 @@ from sinklab.models.zoo import (
     is_ready,
     not_installed,
 )
+from sinklab.safeio import read_json
 from sinklab.seam import register
 
 # transformers, huggingface_hub and safetensors are imported inside the functions that use them:
@@ -124,6 +128,9 @@ def _check_causal_lm(config: Any, spec: str, embedded: bool = False) -> None:
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
     archs = getattr(config, "architectures", None) or []
+    auto_map = getattr(config, "auto_map", None) or {}
+    if isinstance(auto_map, dict) and "AutoModelForCausalLM" in auto_map:
+        return  # the model's own code (allowed by --trust-remote-code) declares a causal-LM class
     if config.model_type not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
         raise SinklabError(
             f"model {spec!r} is a {config.model_type!r} model, not a causal language model; "
@@ -150,8 +157,8 @@ def _check_sinklab_types(folder: str) -> None:
 
     config = Path(folder).expanduser() / "config.json"
     try:
-        model_type = json.loads(config.read_text(encoding="utf-8")).get("model_type", "")
-    except (OSError, ValueError, AttributeError):
+        model_type = read_json(config, "model config", "model config").get("model_type", "")
+    except (SinklabError, AttributeError):
         return  # not a readable local config: AutoConfig reports it below
     if str(model_type).startswith("sinklab-") and model_type not in CONFIG_MAPPING:
         raise SinklabError(
@@ -259,6 +266,20 @@ def _model_class(config: Any) -> type | None:
         return None
 
 
+@contextmanager
+def quiet_transformers() -> Iterator[None]:
+    """transformers' warnings off for a block (its loading reports and notes print many lines;
+    sinklab states the problem in one), restored after."""
+    from transformers.utils import logging as hf_logging
+
+    before = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()
+    try:
+        yield
+    finally:
+        hf_logging.set_verbosity(before)
+
+
 def _load_folder(
     folder: str,
     *,
@@ -271,6 +292,9 @@ def _load_folder(
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
     enforce_offline()
+    local = Path(folder) if Path(folder).is_dir() else _cached_snapshot(folder)
+    if local is not None:
+        check_model_folder(local)  # bounded reads, config sizes against the weights: one line
     _check_sinklab_types(folder)
     try:
         config = AutoConfig.from_pretrained(
@@ -285,7 +309,6 @@ def _load_folder(
             ) from exc
         raise SinklabError(f"cannot read a model config from {folder!r}: {first}") from exc
     _check_causal_lm(config, folder, embedded)
-    local = Path(folder) if Path(folder).is_dir() else _cached_snapshot(folder)
     if local is not None:
         _check_weight_files(local, folder)
     cls = _model_class(config)
@@ -293,18 +316,28 @@ def _load_folder(
     if impl == SINKLAB:
         register()
     try:
-        model, report = AutoModelForCausalLM.from_pretrained(
-            folder,
-            dtype=dtype,
-            trust_remote_code=trust_remote_code,
-            local_files_only=local_only,
-            attn_implementation=impl,
-            use_safetensors=True,
-            output_loading_info=True,
-            **_placement(device_map),
-        )
+        with quiet_transformers():  # its LOAD REPORT table is not our one line
+            model, report = AutoModelForCausalLM.from_pretrained(
+                folder,
+                dtype=dtype,
+                trust_remote_code=trust_remote_code,
+                local_files_only=local_only,
+                attn_implementation=impl,
+                use_safetensors=True,
+                output_loading_info=True,
+                **_placement(device_map),
+            )
     except SinklabError:
         raise
+    except RuntimeError as exc:
+        if "ignore_mismatched_sizes" not in str(exc) and "size mismatch" not in str(exc):
+            raise SinklabError(
+                f"cannot load the weights of {folder!r}: RuntimeError: {_first_line(exc)}"
+            ) from exc
+        raise SinklabError(
+            f"the weights of {folder!r} do not fit its config (tensor shapes differ from the "
+            "config's sizes); pass the config the weights were saved with"
+        ) from exc
     except Exception as exc:  # a broken checkpoint: the loader's own words, on one line
         raise SinklabError(
             f"cannot load the weights of {folder!r}: {type(exc).__name__}: {_first_line(exc)}"
@@ -314,9 +347,9 @@ def _load_folder(
         tokenizer = AutoTokenizer.from_pretrained(
             folder, trust_remote_code=trust_remote_code, local_files_only=local_only
         )
-    except (OSError, ValueError, TypeError) as exc:
+    except Exception as exc:  # a broken tokenizer file fails in many ways (KeyError, ...)
         raise SinklabError(
-            f"model {folder!r} has no usable tokenizer ({type(exc).__name__}); "
+            f"model {folder!r} has no usable tokenizer ({type(exc).__name__}: {_first_line(exc)}); "
             "save one beside the weights"
         ) from exc
     return model, tokenizer

@@ -28,6 +28,7 @@ import torch
 from sinklab.corpus import Text, token_stream
 from sinklab.errors import SinklabError
 from sinklab.models.loading import LoadedModel
+from sinklab.parsing import parse_int_list
 from sinklab.probe.metrics import nan_mean
 from sinklab.probe.spec import DEFAULT_EPS
 
@@ -142,13 +143,15 @@ def parse_overrides(items: Sequence[str]) -> dict[str, Any]:
             raise SinklabError(
                 f"--set {item!r}: expected KEY=VALUE with KEY one of {', '.join(types)}"
             )
+        if key in out:
+            raise SinklabError(
+                f"--set {key} is given twice; pass each KEY once (the last would silently win)"
+            )
+        if "tuple" in str(types[key]):
+            out[key] = tuple(parse_int_list(value, f"--set {key}") or ())
+            continue
         try:
-            if "tuple" in str(types[key]):
-                out[key] = tuple(int(v) for v in value.split(",") if v.strip())
-            elif "float" in str(types[key]):
-                out[key] = float(value)
-            else:
-                out[key] = int(value)
+            out[key] = float(value) if "float" in str(types[key]) else int(value)
         except ValueError:
             raise SinklabError(f"--set {item!r}: {value!r} is not a valid {key}") from None
     return out

@@ -7,7 +7,8 @@ a ``with`` block and back afterwards (no model forward is monkeypatched). Inside
 
 * **fused** (SDPA, or :func:`sinklab.attention.fused_attention` for softmax1 / sink variants) when
   no active handler needs the weights of this layer: the model computes what it computes with SDPA;
-* **block path** otherwise: for each block of query rows it materialises the ``(B, H, c, Tk)`` weights,
+* **block path** otherwise: for each block of query rows it materialises the ``(B, H, c, Tk)``
+  weights,
   lets handlers *transform* them (interventions: mask a sink, mix in uniform attention, ...), forms
   the output, then lets handlers *observe* the final weights (the probe's metric accumulators).
   Only one layer's ``c x Tk`` block exists at a time, never all layers' ``T x T`` matrices.

@@ -35,7 +35,9 @@ def check_decoding(config: Any, sizes: Sequence[str]) -> None:
         if getattr(config, name) < 1:
             raise SinklabError(f"{name} must be a positive integer, got {getattr(config, name)}")
     if not config.temperature >= 0 or math.isinf(config.temperature):
-        raise SinklabError(f"temperature must be >= 0 (0 = greedy), got {config.temperature}")
+        raise SinklabError(
+            f"temperature must be a finite number >= 0 (0 = greedy), got {config.temperature}"
+        )
 
 
 @dataclass(frozen=True)
