@@ -133,7 +133,7 @@ def test_bad_chat_inputs(chat_model, chat_tokenizer, tiny_tokenizer):
 
 
 def _run(capsys, monkeypatch, stdin: str, *args: str) -> tuple[int, str, str]:
-    monkeypatch.setattr(sys, "stdin", io.StringIO(stdin))
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(stdin.encode("utf-8"))))
     return run_main(capsys, "chat", *args)
 
 

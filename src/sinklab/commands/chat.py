@@ -24,12 +24,6 @@ def _stdin() -> Any:
     stream = sys.stdin
     if stream is None or getattr(stream, "closed", False) or not hasattr(stream, "buffer"):
         raise SinklabError("stdin is closed; run sinklab chat in a terminal or pipe lines into it")
-    try:
-        stream.fileno()
-    except (OSError, ValueError):
-        raise SinklabError(
-            "stdin is closed; run sinklab chat in a terminal or pipe lines into it"
-        ) from None
     return stream
 
 
