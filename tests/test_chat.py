@@ -105,9 +105,12 @@ def test_many_turns_stay_within_sinks_plus_window(chat_model, chat_tokenizer):
         ({"window": 0}, "window must be a positive integer, got 0"),
         ({"n_sink": -1}, "n_sink must be a positive integer, got -1"),
         ({"max_new_tokens": 0}, "max_new_tokens must be a positive integer, got 0"),
-        ({"temperature": -0.5}, r"temperature must be >= 0 \(0 = greedy\), got -0.5"),
-        ({"temperature": float("nan")}, "temperature must be >= 0 .* got nan"),
-        ({"temperature": float("inf")}, "temperature must be >= 0 .* got inf"),
+        (
+            {"temperature": -0.5},
+            r"temperature must be a finite number >= 0 \(0 = greedy\), got -0.5",
+        ),
+        ({"temperature": float("nan")}, "temperature must be a finite number >= 0 .* got nan"),
+        ({"temperature": float("inf")}, "temperature must be a finite number >= 0 .* got inf"),
     ],
 )
 def test_chat_and_generate_configs_check_alike(config, bad, message):
@@ -155,7 +158,7 @@ def test_cli_chat_driven_through_stdin(capsys, monkeypatch, chat_dir):
     ("args", "needle"),
     [
         (("--window", "0"), "window must be a positive integer"),
-        (("--temperature", "-2"), "temperature must be >= 0"),
+        (("--temperature", "-2"), "temperature must be a finite number >= 0"),
         (("--max-new-tokens", "0"), "max_new_tokens must be a positive integer"),
     ],
 )
