@@ -335,3 +335,19 @@ def test_a_short_claims_text_names_the_option(capsys, base_dir, tmp_path):
     )  # fmt: skip
     line = assert_one_line_error(run, "fewer than the")
     assert "--stream-tokens 320" in line and "lower --stream-tokens" in line
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (("--steps", "100000000"), "--steps must be at most 10000000"),
+        (("--seq-len", "100000"), "--seq-len must be at most 8192"),
+        (("--batch-size", "100000"), "--batch-size must be at most 4096"),
+        (("--batch-size", "4096", "--seq-len", "8192"), "tokens a step, over 1048576"),
+        (("--nproc", "1000"), "--nproc must be in 1..64"),
+    ],
+)
+def test_train_sizes_past_one_machine_are_one_line(capsys, tmp_path, args, needle):
+    run = run_main(capsys, "train", *args, "--out", str(tmp_path / "t"))
+    assert_one_line_error(run, needle)
+    assert not (tmp_path / "t").exists()

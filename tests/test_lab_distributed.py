@@ -72,7 +72,7 @@ def test_ranks_split_the_batch_and_bad_nproc_is_one_error():
     assert Ranks().rows(8) == slice(0, 8)
     with pytest.raises(SinklabError, match="multiple of --nproc"):
         check_nproc(3, 8)
-    with pytest.raises(SinklabError, match=">= 1"):
+    with pytest.raises(SinklabError, match=r"--nproc must be in 1\.\.64"):
         check_nproc(0, 8)
 
 

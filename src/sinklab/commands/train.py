@@ -19,6 +19,7 @@ from sinklab.commands.common import (
     stderr,
 )
 from sinklab.errors import SinklabError
+from sinklab.lab.limits import MAX_BATCH, MAX_SEQ_LEN, MAX_STEP_TOKENS, MAX_TRAIN_STEPS
 
 
 class Sweep(StrEnum):
@@ -52,12 +53,22 @@ def train(
         ),
     ] = "bos",
     preset: Annotated[str, typer.Option(help="Defaults: cpu (minutes on 2 cores) or gpu.")] = "cpu",
-    steps: Annotated[int | None, typer.Option(help="Optimizer steps.")] = None,
+    steps: Annotated[
+        int | None, typer.Option(help=f"Optimizer steps (at most {MAX_TRAIN_STEPS}).")
+    ] = None,
     layers: Annotated[int | None, typer.Option(help="Transformer blocks.")] = None,
     d_model: Annotated[int | None, typer.Option(help="Residual width.")] = None,
     heads: Annotated[int | None, typer.Option(help="Attention heads.")] = None,
-    seq_len: Annotated[int | None, typer.Option(help="Training sequence length (tokens).")] = None,
-    batch_size: Annotated[int | None, typer.Option(help="Sequences per step.")] = None,
+    seq_len: Annotated[
+        int | None,
+        typer.Option(help=f"Training sequence length, 2..{MAX_SEQ_LEN} tokens."),
+    ] = None,
+    batch_size: Annotated[
+        int | None,
+        typer.Option(
+            help=f"Sequences per step, 1..{MAX_BATCH} (batch x length at most {MAX_STEP_TOKENS})."
+        ),
+    ] = None,
     vocab_size: Annotated[int | None, typer.Option(help="BPE vocabulary size.")] = None,
     device: Annotated[str | None, typer.Option(help="cpu or cuda.")] = None,
     n_triggers: Annotated[

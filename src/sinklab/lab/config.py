@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from sinklab.errors import SinklabError
 from sinklab.lab.backcopy import BACKCOPY_DATA, BackcopyConfig
 from sinklab.lab.data import DATA_STRATEGIES, DataConfig
+from sinklab.lab.limits import MAX_BATCH, MAX_SEQ_LEN, MAX_STEP_TOKENS, MAX_TRAIN_STEPS
 from sinklab.lab.model import LAB_VARIANTS
 
 MAX_VOCAB = 65536  # far above what the corpus's BPE can fill
@@ -78,6 +79,21 @@ class TrainConfig:
             raise SinklabError(
                 f"--device must be cpu or cuda, got {self.device!r} (a lab model fits one device; "
                 "--nproc N spreads the batch over N processes)"
+            )
+        for name, hi in (
+            ("steps", MAX_TRAIN_STEPS),
+            ("seq_len", MAX_SEQ_LEN),
+            ("batch_size", MAX_BATCH),
+        ):
+            if getattr(self, name) > hi:
+                raise SinklabError(
+                    f"--{name.replace('_', '-')} must be at most {hi}, got {getattr(self, name)}"
+                )
+        if self.batch_size * self.seq_len > MAX_STEP_TOKENS:
+            raise SinklabError(
+                f"--batch-size {self.batch_size} x --seq-len {self.seq_len} is "
+                f"{self.batch_size * self.seq_len} tokens a step, over {MAX_STEP_TOKENS}; "
+                "lower either"
             )
         if not 0 < self.lr < 1:
             raise SinklabError(f"--lr must be in (0, 1), got {self.lr}")

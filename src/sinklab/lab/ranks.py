@@ -13,6 +13,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 
 from sinklab.errors import SinklabError
+from sinklab.lab.limits import MAX_NPROC
 
 
 @dataclass(frozen=True)
@@ -51,8 +52,8 @@ class Ranks:
 
 
 def check_nproc(nproc: int, batch_size: int) -> None:
-    if nproc < 1:
-        raise SinklabError(f"--nproc must be >= 1, got {nproc}")
+    if not 1 <= nproc <= MAX_NPROC:
+        raise SinklabError(f"--nproc must be in 1..{MAX_NPROC}, got {nproc}")
     if batch_size % nproc:
         raise SinklabError(
             f"--batch-size ({batch_size}) must be a multiple of --nproc ({nproc}); each process "
