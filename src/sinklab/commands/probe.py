@@ -43,6 +43,14 @@ def probe(
     eps: Annotated[str, typer.Option("--eps", help="Sink-head thresholds in (0, 1).")] = ",".join(
         map(str, DEFAULT_EPS)
     ),
+    metrics: Annotated[
+        str,
+        typer.Option(
+            "--metrics",
+            help="all: every metric; fast: only those a few columns of weights give (no "
+            "entropy, received attention or sink positions), about the cost of a forward.",
+        ),
+    ] = "all",
     prepend: Annotated[
         str | None,
         typer.Option("--prepend", help="Put this token first: 'bos', 'eos', an id or one token."),
@@ -55,7 +63,8 @@ def probe(
     device: DeviceOpt = "cpu",
 ) -> None:
     """Measure sink mass, diagonal / previous-token mass, entropy, value norms and hidden-state
-    similarity for every layer and head, in one memory-bounded forward.
+    similarity for every layer and head, in one forward: each layer's few weights come from the
+    fused kernel's log-sum-exp (no T x T block; memory linear in T, up to the model's positions).
 
     Example: sinklab probe --tokens 1024 --q0 16 --lengths 128,512,2048 --out runs/probe
     """
@@ -71,7 +80,8 @@ def probe(
     # cheap checks first, before the model loads
     eps_list = parse_float_list(eps, "--eps", "0.3,0.8") or ()
     ns = parse_int_list(lengths, "--lengths")
-    run = ProbeRun(ProbeConfig(q0=q0, eps=eps_list), tokens, tuple(ns) if ns else None, prepend)
+    config = ProbeConfig(q0=q0, eps=eps_list, metrics=metrics)
+    run = ProbeRun(config, tokens, tuple(ns) if ns else None, prepend)
     out = check_out(out, "probe")
     txt = load_text(text)
     loaded = load(model, dtype, device, trust_remote_code)

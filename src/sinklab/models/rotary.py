@@ -11,7 +11,7 @@ error naming the reason, and checks our rotation against the model's own
 from __future__ import annotations
 
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -51,17 +51,34 @@ class Rope:
     Llama's ``rotate_half`` layout (pairs ``(i, i + rot_dim/2)``) or, ``interleaved``, in
     GPT-J's (pairs ``(2i, 2i + 1)``: Cohere, GLM); checked against the model's own
     ``apply_rotary_pos_emb``.
+
+    The angles are built on the device of the positions they are asked for, from a copy of
+    ``inv_freq`` made once per device: a rotation on an accelerator costs no host-device copy.
     """
 
     inv_freq: Tensor
     rot_dim: int
     rope_type: str
     interleaved: bool = False
+    # inv_freq on each device it was used on (device -> tensor), filled on first use
+    _on_device: dict = field(default_factory=dict, init=False, repr=False, compare=False)
+
+    def inv_freq_on(self, device: torch.device) -> Tensor:
+        """``inv_freq`` on ``device``, copied there once: float64, or float32 where the device
+        has no float64 (MPS)."""
+        if device == self.inv_freq.device:
+            return self.inv_freq
+        if device not in self._on_device:
+            dtype = torch.float32 if device.type == "mps" else torch.float64
+            self._on_device[device] = self.inv_freq.to(device, dtype)
+        return self._on_device[device]
 
     def cos_sin(self, delta: Tensor, dtype: torch.dtype, dim: int | None = None):
-        """Rotation by ``delta`` positions (S,) -> cos, sin (S, dim) in ``dtype``; angles in
-        float64. Dims past ``rot_dim`` (partial RoPE) get cos 1, sin 0: left alone."""
-        ang = delta.to(torch.float64)[:, None] * self.inv_freq[None, :]  # (S, rot_dim/2)
+        """Rotation by ``delta`` positions (S,) -> cos, sin (S, dim) in ``dtype`` on ``delta``'s
+        device; angles in float64 (float32 on MPS). Dims past ``rot_dim`` (partial RoPE) get
+        cos 1, sin 0: left alone."""
+        inv = self.inv_freq_on(delta.device)
+        ang = delta.to(inv.dtype)[:, None] * inv[None, :]  # (S, rot_dim/2)
         if self.interleaved:
             ang = ang.repeat_interleave(2, dim=-1)  # (S, rot_dim): a0 a0 a1 a1 ...
         else:
@@ -83,9 +100,10 @@ class Rope:
         return rot if r == x.shape[-1] else F.pad(rot, (0, x.shape[-1] - r))
 
     def shift(self, x: Tensor, delta: Tensor) -> Tensor:
-        """``x`` (..., S, D) rotated by ``delta`` (S,) positions."""
-        cos, sin = self.cos_sin(delta.cpu(), x.dtype, x.shape[-1])  # inv_freq lives on the CPU
-        return x * cos.to(x.device) + self.rotate_half(x) * sin.to(x.device)
+        """``x`` (..., S, D) rotated by ``delta`` (S,) positions; cos and sin are built on
+        ``x``'s device (``delta`` is moved there if it lives elsewhere)."""
+        cos, sin = self.cos_sin(delta.to(x.device), x.dtype, x.shape[-1])
+        return x * cos + self.rotate_half(x) * sin
 
 
 def position_scheme(config: Any) -> str:

@@ -1,5 +1,6 @@
 """The probe: every layer's and head's sink metrics (docs/metrics.md#probe-metrics) on any
-causal LM, chunked so no layer's ``T x T`` weights outlive their query block."""
+causal LM in one forward: each layer read from the fused kernel's log-sum-exp where it can
+(sinklab.seam.observe), else block by block, so no layer's ``T x T`` weights are ever formed."""
 
 from sinklab.probe import metrics
 from sinklab.probe.core import (

@@ -1,8 +1,12 @@
 """Collectors: an attention handler and decoder-layer forward hooks that only accumulate.
 
-:class:`ProbeCapture` observes every chunk of query rows the registered attention function
-produces and adds the chunk's partial sums (declared in :mod:`sinklab.probe.spec`) into
-per-layer accumulators, so the probe never holds more than one ``(B, H, c, Tk)`` block.
+:class:`ProbeCapture` only observes, so each layer takes the observation path of
+:mod:`sinklab.seam.observe` where it can (one fused kernel with its log-sum-exp, no weights
+formed: it adds the layer's partial sums from its :class:`~sinklab.seam.observe.LayerView`), and
+the block path otherwise (an intervention changes the weights, a sliding window, softcapping...):
+there it adds each chunk's partial sums, never holding more than one ``(B, H, c, Tk)`` block.
+Both sums are declared per metric in :mod:`sinklab.probe.spec`; the route of every layer is kept
+(:attr:`ProbeCapture.routes`).
 :class:`HiddenCapture` computes the per-layer hidden-state metrics from each decoder layer's output
 as it is produced and keeps one float per metric and layer.
 """
@@ -15,16 +19,19 @@ import torch
 from torch import Tensor, nn
 from torch.utils.hooks import RemovableHandle
 
-from sinklab.probe.spec import BY_NAME, Accumulator, Block, names
+from sinklab.probe.spec import BY_NAME, Accumulator, Block, Rows, fused_needs, measured, names
 from sinklab.seam import AttentionChunk, AttentionHandler
+from sinklab.seam.observe import LayerView, Route
 
 LayerCallback = Callable[[int], None]
 
 
 class ProbeCapture(AttentionHandler):
-    """Accumulate the attention metrics of every layer, chunk by chunk (batch size 1).
+    """Accumulate the attention metrics of every layer (batch size 1): a whole layer at once on
+    the observation path, chunk by chunk on the block path.
 
-    ``on_layer(layer)`` is called when a layer's last chunk has been observed.
+    ``metrics``: a metric set of :data:`sinklab.probe.spec.METRIC_SETS` (``fast`` leaves out
+    entropy and received attention). ``on_layer(layer)`` is called when a layer has been observed.
     """
 
     causal_trim = True  # copes with chunks whose key axis stops at the last visible key
@@ -36,10 +43,26 @@ class ProbeCapture(AttentionHandler):
         q0: int = 0,
         key: int = 0,
         on_layer: LayerCallback | None = None,
+        metrics: str = "all",
     ) -> None:
         self.n_heads, self.n_tokens, self.q0, self.key = n_heads, n_tokens, q0, key
         self.on_layer = on_layer
+        self.wanted = measured(metrics)
+        self.fused_needs = fused_needs(metrics)
         self.sums: dict[int, Accumulator] = {}
+        #: layer -> the path its attention took (and why not the fused one)
+        self.routes: dict[int, Route] = {}
+
+    def routed(self, layer: int, route: Route) -> None:
+        self.routes[layer] = route
+
+    def observe_layer(self, view: LayerView) -> None:
+        if view.query.shape[0] != 1:
+            raise ValueError("ProbeCapture expects batch size 1")
+        rows = Rows(view, self.q0, self.key)
+        self.sums.setdefault(view.layer, Accumulator(self.wanted)).add_rows(rows)
+        if self.on_layer is not None:
+            self.on_layer(view.layer)
 
     def observe(self, chunk: AttentionChunk) -> None:
         w = chunk.weights
@@ -55,7 +78,7 @@ class ProbeCapture(AttentionHandler):
             q0=self.q0,
             key=self.key,
         )
-        self.sums.setdefault(chunk.layer, Accumulator()).add(block)
+        self.sums.setdefault(chunk.layer, Accumulator(self.wanted)).add(block)
         if self.on_layer is not None and chunk.q_start + w.shape[-2] >= chunk.n_queries:
             self.on_layer(chunk.layer)
 
@@ -78,6 +101,7 @@ class HiddenCapture:
         def hook(module: nn.Module, args: object, output: object) -> None:
             h = output[0] if isinstance(output, tuple) else output
             h = h[0] if h.dim() == 3 else h  # (T, d)
+            h = h.detach().double()  # once: every hidden metric computes in float64
             for name, values in self.values.items():
                 values[layer] = BY_NAME[name].hidden(h)
             if self.on_layer is not None:

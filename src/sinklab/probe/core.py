@@ -20,7 +20,7 @@ from sinklab.models.arch import decoder_layers, input_device, model_shape
 from sinklab.probe.capture import HiddenCapture, ProbeCapture
 from sinklab.probe.geometry import Geometry, capture_geometry
 from sinklab.probe.metrics import layer_means, nan_mean
-from sinklab.probe.spec import BY_NAME, DEFAULT_EPS, names
+from sinklab.probe.spec import BY_NAME, DEFAULT_EPS, METRIC_SETS, measured, names
 from sinklab.seam import check_supported, sinklab_attention
 
 log = logging.getLogger(__name__)
@@ -38,8 +38,16 @@ class ProbeConfig:
     kind_floor: float = 0.3  # head_kind is "mixed" when its largest mass is below this
     sink_factor: float = 5.0  # sink position: received > factor x max(uniform, median over keys)
     max_sink_positions: int = 8  # report at most this many sink positions
+    # "all", or "fast": only the metrics that need a few columns of weights (no entropy,
+    # received attention or sink positions: they stay None); docs/metrics.md#metric-sets
+    metrics: str = "all"
 
     def __post_init__(self) -> None:
+        if self.metrics not in METRIC_SETS:
+            raise SinklabError(
+                f"metrics must be one of {', '.join(METRIC_SETS)}, got {self.metrics!r}; "
+                "use --metrics all (every metric) or --metrics fast"
+            )
         if isinstance(self.q0, bool) or not isinstance(self.q0, int) or self.q0 < 0:
             raise SinklabError(f"q0 must be an integer >= 0, got {self.q0!r}; use e.g. --q0 16")
         eps = tuple(self.eps) if isinstance(self.eps, Sequence) else (self.eps,)
@@ -64,7 +72,8 @@ class ProbeResult:
     """Per (layer, head) tensors (L, H), per layer lists (L), and summaries.
 
     The metric fields are :data:`sinklab.probe.spec.METRICS`, in that order (a test checks it);
-    definitions in ``docs/metrics.md#probe-metrics``.
+    definitions in ``docs/metrics.md#probe-metrics``. A metric the config's metric set does not
+    measure (``--metrics fast``) is None.
     """
 
     config: ProbeConfig
@@ -72,19 +81,22 @@ class ProbeResult:
     sink_mass: Tensor
     diagonal_mass: Tensor
     prev_token_mass: Tensor
-    entropy: Tensor  # nats
+    entropy: Tensor | None  # nats
     value_norm_ratio: Tensor
     sink_output_share: Tensor
-    received: Tensor  # (L, H, T): mean attention each key receives (not in probe.json)
+    received: Tensor | None  # (L, H, T): mean attention each key receives (not in probe.json)
     head_kind: list[list[str]]
     first_token_cosine: list[float]
     token_similarity: list[float]
     first_token_norm_ratio: list[float]
     sink_rate: dict[str, float]
-    sink_positions: list[dict[str, float | int]]
+    sink_positions: list[dict[str, float | int]] | None
     meta: dict[str, Any] = field(default_factory=dict)
     # first-token cosine / token similarity per layer at three sites (sinklab.probe.geometry)
     geometry: Geometry | None = None
+    # per layer, the path its attention took: "fused" (the log-sum-exp, no weights formed) or
+    # "block: <why not fused>" (sinklab.seam.observe.route)
+    attention_path: list[str] = field(default_factory=list)
 
     @property
     def n_layers(self) -> int:
@@ -100,8 +112,11 @@ class ProbeResult:
         data: dict[str, Any] = {"meta": self.meta}
         for key in names(in_json=True):
             value = getattr(self, key)
-            data[key] = value.tolist() if isinstance(value, Tensor) else type(value)(value)
+            if value is not None:
+                value = value.tolist() if isinstance(value, Tensor) else type(value)(value)
+            data[key] = value
         data["geometry"] = None if self.geometry is None else self.geometry.to_json()
+        data["attention_path"] = list(self.attention_path)
         return data
 
 
@@ -154,7 +169,11 @@ def probe(
                 callback(len(done), n_layers)
 
     capture = ProbeCapture(
-        n_heads, n_tokens, q0=config.q0, on_layer=tick if blocks is None else None
+        n_heads,
+        n_tokens,
+        q0=config.q0,
+        on_layer=tick if blocks is None else None,
+        metrics=config.metrics,
     )
     hidden = HiddenCapture(blocks or [], on_layer=tick)
     start = time.perf_counter()
@@ -176,13 +195,17 @@ def probe(
     ]
     values: dict[str, Any] = {k: torch.stack([p[k] for p in per_layer]) for k in per_layer[0]}
     values |= {k: _layer_list(v, n_layers) for k, v in hidden.values.items()}
+    wanted = measured(config.metrics)
     for name in names("derived"):  # in declaration order: a derived metric may use an earlier one
-        values[name] = BY_NAME[name].derive(values, config)
+        if name in wanted:
+            values[name] = BY_NAME[name].derive(values, config)
+    values |= {name: None for name in names() if name not in wanted}
     result = ProbeResult(
         config=config,
         n_tokens=n_tokens,
         **values,
         geometry=geo,
+        attention_path=[str(capture.routes[layer]) for layer in range(n_layers)],
     )
     log.info("probe: %d tokens, %d layers x %d heads, %.1fs", n_tokens, n_layers, n_heads, seconds)
     return result

@@ -67,11 +67,14 @@ def token_similarity(x: Tensor) -> float:
 
 
 def site_numbers(x: Tensor) -> dict[str, float]:
-    """Both metrics of one site's vectors (B, T, ...) : the mean over the batch rows."""
-    rows = x.detach()
-    return {
-        "first_token_cosine": sum(first_token_cosine(r) for r in rows) / rows.shape[0],
-        "token_similarity": sum(token_similarity(r) for r in rows) / rows.shape[0],
+    """Both metrics of one site's vectors (B, T, ...) : the mean over the batch rows (and head
+    groups), both from one normalisation of each group (:func:`sinklab.probe.metrics.cosines`)."""
+    pairs = [M.cosines(g) for r in x.detach() for g in _groups(r)]
+    per_row = len(pairs) // x.shape[0]
+    first, similar = zip(*pairs, strict=True)
+    return {  # a mean over groups within a row, then over rows: all rows have as many groups
+        "first_token_cosine": sum(first) / per_row / x.shape[0],
+        "token_similarity": sum(similar) / per_row / x.shape[0],
     }
 
 

@@ -277,10 +277,24 @@ def _unit(hidden: Tensor) -> Tensor:
     return h / torch.linalg.vector_norm(h, dim=-1, keepdim=True).clamp_min(1e-30)
 
 
+def _first_cos_of(u: Tensor) -> float:
+    """Mean over j >= 1 of ``u_0 . u_j`` for unit rows ``u`` (T, d)."""
+    return float((u[1:] @ u[0]).mean()) if u.shape[0] > 1 else float("nan")
+
+
+def _pair_cos_of(u: Tensor) -> float:
+    """Mean over i != j of ``u_i . u_j`` for unit rows ``u`` (n, d), in O(n d):
+    ``sum_{i != j} u_i . u_j = ||sum_i u_i||^2 - sum_i ||u_i||^2``."""
+    n = u.shape[0]
+    if n < 2:
+        return float("nan")
+    s = u.sum(0)
+    return float((s @ s - (u * u).sum()) / (n * (n - 1)))
+
+
 def first_token_cosine(hidden: Tensor) -> float:
     """Mean over j >= 1 of ``cos(h_0, h_j)``: (T, d) -> float."""
-    u = _unit(hidden)
-    return float((u[1:] @ u[0]).mean()) if hidden.shape[0] > 1 else float("nan")
+    return _first_cos_of(_unit(hidden))
 
 
 def token_similarity(hidden: Tensor, skip_first: bool = True) -> float:
@@ -288,12 +302,15 @@ def token_similarity(hidden: Tensor, skip_first: bool = True) -> float:
 
     O(T d): ``sum_{i != j} u_i . u_j = ||sum_i u_i||^2 - n`` for unit vectors u.
     """
-    u = _unit(hidden[1:] if skip_first else hidden)
-    n = u.shape[0]
-    if n < 2:
-        return float("nan")
-    s = u.sum(0)
-    return float((s @ s - (u * u).sum()) / (n * (n - 1)))
+    return _pair_cos_of(_unit(hidden[1:] if skip_first else hidden))
+
+
+def cosines(hidden: Tensor) -> tuple[float, float]:
+    """``(first_token_cosine, token_similarity)`` of (T, d) from one set of unit vectors (each
+    row is normalised on its own, so the rows 1.. of the whole set are those of ``hidden[1:]``):
+    half the work of calling both."""
+    u = _unit(hidden)
+    return _first_cos_of(u), _pair_cos_of(u[1:])
 
 
 def first_token_norm_ratio(hidden: Tensor) -> float:

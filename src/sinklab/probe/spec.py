@@ -9,6 +9,13 @@
 Three sources: ``attention`` metrics add up partial sums chunk by chunk (:class:`Block` is what a
 partial sum reads of one chunk) and reduce them once per layer; ``hidden`` metrics are computed
 from one decoder block's output; ``derived`` ones are computed from the others and the config.
+Each attention metric has its partial sums twice, with the same terms: from a block of weights
+(``partial``, the block path) and from a whole layer's log-sum-exp (``rows``, the observation path
+of :mod:`sinklab.seam.observe`, where no weights are formed: :class:`Rows`).
+
+``needs`` names what a metric costs beyond a few columns of weights (``entropy`` and
+``received``: a second fused call, with the roles of queries and keys swapped): ``--metrics
+fast`` (:data:`METRIC_SETS`) measures only the metrics that need neither.
 """
 
 from __future__ import annotations
@@ -25,6 +32,7 @@ from sinklab.probe import metrics as M
 
 if TYPE_CHECKING:
     from sinklab.probe.core import ProbeConfig
+    from sinklab.seam.observe import LayerView
 
 Term = Tensor | int  # one partial sum (or count) of one chunk
 
@@ -54,6 +62,20 @@ class Block:
 
 
 @dataclass(frozen=True)
+class Rows:
+    """What a partial sum reads of one whole layer on the observation path (batch 1): the
+    layer's :class:`~sinklab.seam.observe.LayerView`, the first counted query and the sink key."""
+
+    view: LayerView
+    q0: int
+    key: int
+
+    @property
+    def n_tokens(self) -> int:
+        return self.view.n_tokens
+
+
+@dataclass(frozen=True)
 class Metric:
     """One probe metric. ``per``: "head" (L, H), "layer" (L), "key" (L, H, T) or "model" (one
     summary); ``site``: where the number is measured; ``definition``/``notes``: the docs row."""
@@ -66,9 +88,16 @@ class Metric:
     notes: str = ""
     in_json: bool = True
     partial: Callable[[Block], tuple[Term, ...]] | None = None  # attention: one chunk's sums
+    rows: Callable[[Rows], tuple[Term, ...]] | None = None  # attention: the same, a whole layer
+    needs: frozenset[str] = frozenset()  # beyond a few columns (sinklab.seam.observe.NEEDS)
     reduce: Callable[..., Tensor] | None = None  # attention: totals -> (H,) or (H, T)
     hidden: Callable[[Tensor], float] | None = None  # hidden: (T, d) -> float
     derive: Callable[[dict[str, Any], ProbeConfig], Any] | None = None  # derived
+
+    @property
+    def fast(self) -> bool:
+        """Measured by ``--metrics fast``: it needs nothing beyond a few columns of weights."""
+        return not self.needs
 
 
 #: the sink-head thresholds every area defaults to: Gu et al.'s 0.3 and Barbero et al.'s stricter
@@ -113,6 +142,44 @@ def _share_partial(b: Block) -> tuple[Term, ...]:
     return part[0], total[0]
 
 
+def _rows_sink(r: Rows) -> tuple[Term, ...]:
+    r0 = min(r.n_tokens, max(r.key, r.q0))
+    a = r.view.weights_at(r.key)[0, :, r0:]  # (H, rows)
+    return a.sum(-1).double(), a.shape[-1]
+
+
+def _rows_diagonal(shift: int) -> Callable[[Rows], tuple[Term, ...]]:
+    def partial(r: Rows) -> tuple[Term, ...]:
+        d = r.view.diagonal(shift)[0, :, max(0, max(shift, r.q0) - shift) :]  # t >= max(s, q0)
+        return d.sum(-1).double(), d.shape[-1]
+
+    return partial
+
+
+def _rows_entropy(r: Rows) -> tuple[Term, ...]:
+    return r.view.entropy_sum(r.q0)[0], r.n_tokens - r.q0
+
+
+def _rows_value(r: Rows) -> tuple[Term, ...]:
+    key_norm, others, n_others = M.value_norm_partial(r.view.value, r.key)
+    return key_norm[0], others[0], n_others
+
+
+def _rows_share(r: Rows) -> tuple[Term, ...]:
+    r0 = min(r.n_tokens, max(r.key, r.q0))
+    vnorm = torch.linalg.vector_norm(r.view.value[0, :, r.key].double(), dim=-1)  # (H,)
+    part = r.view.weights_at(r.key)[0, :, r0:].sum(-1).double() * vnorm
+    out = r.view.output[0, :, r0:].float()
+    return part, torch.linalg.vector_norm(out, dim=-1).double().sum(-1)
+
+
+def _rows_received(r: Rows) -> tuple[Term, ...]:
+    t = r.n_tokens
+    sums = r.view.column_sums(r.q0)[0]  # (H, T)
+    seen_from = torch.arange(t, device=sums.device).clamp(min=r.q0)
+    return sums, t - seen_from
+
+
 ATTN = "attention weights"
 METRICS: tuple[Metric, ...] = (
     Metric(
@@ -121,30 +188,36 @@ METRICS: tuple[Metric, ...] = (
         "`q0 = 0` is Gu et al.'s alpha; a larger `q0` drops the trivial share of the first "
         "queries, which see few keys",
         partial=lambda b: _batch1(M.sink_mass_partial(b.weights, b.key, b.q0, b.pos0)),
+        rows=_rows_sink,
         reduce=_ratio,
     ),
     Metric(
         "diagonal_mass", "head", "attention", ATTN, "mean over `t >= q0` of `A[t, t]`",
         partial=lambda b: _batch1(M.diagonal_partial(b.weights, b.q0, b.pos0)),
+        rows=_rows_diagonal(0),
         reduce=_ratio,
     ),
     Metric(
         "prev_token_mass", "head", "attention", ATTN,
         "mean over `t >= max(1, q0)` of `A[t, t-1]`",
         partial=lambda b: _batch1(M.prev_token_partial(b.weights, b.q0, b.pos0)),
+        rows=_rows_diagonal(1),
         reduce=_ratio,
     ),
     Metric(
         "entropy", "head", "attention", ATTN,
         "mean over `t >= q0` of `-sum_j A[t, j] log A[t, j]` (nats)",
         partial=lambda b: _batch1(M.entropy_partial(b.weights, b.q0, b.pos0)),
+        rows=_rows_entropy,
         reduce=_ratio,
+        needs=frozenset({"entropy"}),
     ),
     Metric(
         "value_norm_ratio", "head", "attention", "value vectors",
         "`||v_0|| / mean_{j>=1} ||v_j||` per head, over every key",
         "is the sink a near no-op?",
         partial=_value_partial,
+        rows=_rows_value,
         reduce=_vnorm_ratio,
     ),
     Metric(
@@ -152,6 +225,7 @@ METRICS: tuple[Metric, ...] = (
         "`sum_t ||A[t,0] v_0|| / sum_t ||o_t||` over `t >= q0`",
         "ratio of sums, robust to tiny outputs",
         partial=_share_partial,
+        rows=_rows_share,
         reduce=_share,
     ),
     Metric(
@@ -161,7 +235,9 @@ METRICS: tuple[Metric, ...] = (
         "`sink_positions`",
         in_json=False,
         partial=lambda b: _batch1(M.received_partial(b.weights, b.q0, b.pos0)),
+        rows=_rows_received,
         reduce=_ratio,
+        needs=frozenset({"received"}),
     ),
     Metric(
         "head_kind", "head", "derived", ATTN,
@@ -206,10 +282,24 @@ METRICS: tuple[Metric, ...] = (
         derive=lambda v, c: M.sink_positions(
             v["received"], c.q0, c.sink_factor, c.max_sink_positions
         ),
+        needs=frozenset({"received"}),
     ),
 )  # fmt: skip
 
 BY_NAME = {m.name: m for m in METRICS}
+
+#: what ``--metrics`` may ask for: every metric, or those that need a few columns only
+METRIC_SETS = ("all", "fast")
+
+
+def measured(metric_set: str) -> tuple[str, ...]:
+    """The names a metric set measures, in declaration order (the others stay None)."""
+    return tuple(m.name for m in METRICS if metric_set == "all" or m.fast)
+
+
+def fused_needs(metric_set: str) -> frozenset[str]:
+    """What the observation path must compute beyond a few columns for a metric set."""
+    return frozenset().union(*(BY_NAME[n].needs for n in measured(metric_set)))
 
 
 def names(source: str | None = None, *, in_json: bool | None = None) -> tuple[str, ...]:
@@ -222,20 +312,30 @@ def names(source: str | None = None, *, in_json: bool | None = None) -> tuple[st
 
 
 class Accumulator:
-    """Running totals of every attention metric of one layer (float64 sums, integer counts)."""
+    """Running totals of the attention metrics of one layer (float64 sums, integer counts):
+    every one, or those named in ``wanted``."""
 
-    def __init__(self) -> None:
+    def __init__(self, wanted: tuple[str, ...] | None = None) -> None:
         self.totals: dict[str, list[Term]] = {}
+        self.metrics = [
+            m for m in METRICS if m.partial is not None and (wanted is None or m.name in wanted)
+        ]
 
     def add(self, block: Block) -> None:
-        for m in METRICS:
-            if m.partial is None:
-                continue
-            terms = m.partial(block)
-            old = self.totals.get(m.name)
-            self.totals[m.name] = [
-                _add(a, t) for a, t in zip(old, terms, strict=True)
-            ] if old else [_start(t) for t in terms]  # fmt: skip
+        """Add one chunk's partial sums (the block path)."""
+        for m in self.metrics:
+            self._add_terms(m.name, m.partial(block))
+
+    def add_rows(self, rows: Rows) -> None:
+        """Add a whole layer's partial sums (the observation path)."""
+        for m in self.metrics:
+            self._add_terms(m.name, m.rows(rows))
+
+    def _add_terms(self, name: str, terms: tuple[Term, ...]) -> None:
+        old = self.totals.get(name)
+        self.totals[name] = [
+            _add(a, t) for a, t in zip(old, terms, strict=True)
+        ] if old else [_start(t) for t in terms]  # fmt: skip
 
     def result(self) -> dict[str, Tensor]:
         """Each attention metric of the layer: (H,) tensors, ``received`` (H, T)."""

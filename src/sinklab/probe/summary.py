@@ -84,6 +84,8 @@ def top_heads_sentence(data: dict[str, Any], top: int = 5) -> str:
 
 def sink_positions_sentence(data: dict[str, Any]) -> str:
     positions = data["sink_positions"]
+    if positions is None:
+        return "Sink positions: not measured (--metrics fast)."
     if not positions:
         return "Sink positions: no key position receives attention far above uniform."
     first = positions[0]

@@ -1,5 +1,6 @@
-"""The registered attention function (fused path, or the block path when handlers are bound)
-and :func:`sinklab_attention`, which routes a model through it for the span of a block."""
+"""The registered attention function (fused path without handlers; with handlers, the
+observation path when they only observe, else the block path) and :func:`sinklab_attention`,
+which routes a model through it for the span of a block."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from sinklab.models.arch import dispatches_attention
 from sinklab.seam.binding import bind, bound_handlers
 from sinklab.seam.blocks import attention_by_blocks
 from sinklab.seam.handlers import AttentionHandler
+from sinklab.seam.observe import FUSED, observe_attention, route
 
 ATTN_NAME = "sinklab"
 FUSED_VARIANTS = ("softmax", "softmax1", "sink")
@@ -71,6 +73,18 @@ def sinklab_attention_forward(
     if not handlers and softcap is None and variant in FUSED_VARIANTS:
         mask = _bool_mask(attention_mask, tq, tk, query.device)
         out = _fused(query, key, value, mask, variant=variant, sink_logit=sink_logit, scale=scale)
+        return out.transpose(1, 2).contiguous(), None
+    path = route(
+        handlers, variant=variant, softcap=softcap, masked=attention_mask is not None,
+        sliding_window=kwargs.get("sliding_window"), tq=tq, tk=tk, device=query.device,
+    )  # fmt: skip
+    for handler in handlers:
+        handler.routed(layer, path)
+    if path.path == FUSED:  # every handler only observes: no block of weights is formed
+        out = observe_attention(
+            module, layer, handlers, query, key, value,
+            scale=scale, variant=variant, sink_logit=sink_logit,
+        )  # fmt: skip
         return out.transpose(1, 2).contiguous(), None
     causal = attention_mask is None and tk >= tq  # queries at the end: every row sees a key
     # plain causal mask: skip the all-masked key columns if every handler copes (causal_trim)

@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from torch import Tensor, nn
+
+if TYPE_CHECKING:
+    from sinklab.seam.observe import LayerView, Route
 
 
 @dataclass
@@ -36,7 +40,9 @@ class AttentionChunk:
 
 
 class AttentionHandler:
-    """Base class: override :meth:`transform` (change weights) and/or :meth:`observe` (read)."""
+    """Base class: override :meth:`transform` (change weights) and/or :meth:`observe` (read);
+    a handler that can read a layer from its log-sum-exp also sets :attr:`fused_needs` and
+    overrides :meth:`observe_layer` (the observation path, :mod:`sinklab.seam.observe`)."""
 
     #: layers this handler acts on; None = all
     layers: frozenset[int] | None = None
@@ -45,6 +51,11 @@ class AttentionHandler:
     #: block path then skips the all-masked key columns (about half the work) when every active
     #: handler opts in.
     causal_trim: bool = False
+    #: opt-in: this handler only observes and can read a layer from a
+    #: :class:`~sinklab.seam.observe.LayerView` (no weights); the set names what it reads beyond
+    #: a few columns (:data:`sinklab.seam.observe.NEEDS`). None: it needs the block path. A layer
+    #: takes the observation path only when every active handler opts in.
+    fused_needs: frozenset[str] | None = None
 
     def active(self, layer: int) -> bool:
         return self.layers is None or layer in self.layers
@@ -54,3 +65,10 @@ class AttentionHandler:
 
     def observe(self, chunk: AttentionChunk) -> None:
         """Read ``chunk.weights`` / ``chunk.output``; must not modify them."""
+
+    def observe_layer(self, view: LayerView) -> None:
+        """Read one whole layer on the observation path (only when :attr:`fused_needs` is set)."""
+        raise NotImplementedError(f"{type(self).__name__} sets fused_needs but reads no layer")
+
+    def routed(self, layer: int, route: Route) -> None:
+        """Told which path ``layer``'s attention takes (before it runs)."""
