@@ -22,6 +22,7 @@ KEYS = {
     "sink_rate",
     "sink_positions",
     "geometry",  # per layer at three sites (sinklab.probe.geometry)
+    "attention_path",  # per layer, the route its attention took (sinklab.seam.observe.route)
 }
 
 

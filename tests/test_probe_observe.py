@@ -11,8 +11,8 @@ from archs import arch_model
 from conftest import make_tiny_model
 from helpers import assert_one_line_error, run_main
 from sinklab.errors import SinklabError
-from sinklab.probe import ProbeConfig, probe, spec
 from sinklab.models.rotary import Rope
+from sinklab.probe import ProbeConfig, probe, spec
 from sinklab.seam import AttentionHandler, sinklab_attention
 from sinklab.seam.observe import LayerView
 

@@ -26,10 +26,13 @@ def test_docs_table_is_the_declaration(tmp_path):
 
 def test_result_fields_and_json_keys_follow_the_declaration():
     declared = [f.name for f in fields(ProbeResult)]
-    # geometry: the per-site numbers of sinklab.probe.geometry (docs/experiments.md), not a metric
-    assert declared == ["config", "n_tokens", *spec.names(), "meta", "geometry"]
+    # geometry: the per-site numbers of sinklab.probe.geometry (docs/experiments.md), not a metric;
+    # attention_path: each layer's route (sinklab.seam.observe.route), not a metric either
+    assert declared == ["config", "n_tokens", *spec.names(), "meta", "geometry", "attention_path"]
     res = probe(make_tiny_model("llama"), torch.randint(3, 500, (24,)))
-    assert list(res.to_json()) == ["meta", *spec.names(in_json=True), "geometry"]
+    assert list(res.to_json()) == [
+        "meta", *spec.names(in_json=True), "geometry", "attention_path"
+    ]  # fmt: skip
     assert "received" not in res.to_json() and res.received.shape == (2, 4, 24)
 
 

@@ -36,6 +36,7 @@ from sinklab.errors import SinklabError
 from sinklab.models.arch import input_device, model_shape
 from sinklab.probe.core import _forward_kwargs
 from sinklab.seam import AttentionChunk, AttentionHandler, check_supported, sinklab_attention
+from sinklab.seam.observe import LayerView
 
 OWN = "q0"  # sinklab's own protocol: sinklab.probe.probe
 
@@ -89,6 +90,18 @@ class AlphaCapture(AttentionHandler):
     plain causal forward without cache: ``A[i, k] = 0`` for ``i < k``)."""
 
     causal_trim = True  # the trimmed key columns are zeros: nothing to add
+    fused_needs = frozenset({"received"})  # the observation path's column sums serve it
+
+    def observe_layer(self, view: LayerView) -> None:
+        """The whole layer's column sums from the fused kernel's log-sum-exp (no weights)."""
+        if view.n_tokens != self.n_tokens:
+            raise SinklabError(
+                f"the protocols read one cache-free forward of {self.n_tokens} tokens per "
+                f"sample; got {view.n_tokens}"
+            )
+        self.sums[view.layer] = view.column_sums(0)
+        if self.on_layer is not None:
+            self.on_layer(view.layer)
 
     def __init__(self, n_tokens: int, on_layer: Callable[[int], None] | None = None) -> None:
         self.n_tokens = n_tokens
