@@ -104,7 +104,7 @@ def train(
     from sinklab.lab.summary import train_sentences
     from sinklab.lab.sweep import run_sweep
     from sinklab.lab.train import train as run_train
-    from sinklab.outputs import check_out, mark_in_place, output_dir
+    from sinklab.outputs import check_out, filled_in_place, output_dir
 
     swept = {Sweep.variants: "variant", Sweep.data: "data"}.get(sweep)
     if swept is not None and given(ctx, swept):
@@ -144,7 +144,8 @@ def train(
 
             # a sweep fills OUT in place: each finished run (OUT/<value>, written whole) is kept
             # through an interrupt and reused by the next identical sweep
-            result = run_sweep(sweep.value, config, mark_in_place(out, "train"), callback=cb)
+            with filled_in_place(out, "train") as folder:
+                result = run_sweep(sweep.value, config, folder, callback=cb)
             if fmt is OutputFormat.json:
                 emit_json({"out": str(out), "rows": result.rows})
             else:
