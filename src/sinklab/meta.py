@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import platform
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, is_dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -72,18 +73,112 @@ def _texts(text: Text | Sequence[Text] | None) -> Any:
     return text.to_json()
 
 
+NON_FINITE = "non_finite"  # beside non-finite numbers: relative JSON pointer -> "NaN", ...
+
+
+def json_ready(data: Any, unknown: Callable[[Any], Any] | None = None) -> Any:
+    """``data`` as strict JSON values (RFC 8259 has no NaN or infinity): every non-finite number
+    becomes ``null``, and the table that holds it (the nearest one, for a number in a list) gets a
+    :data:`NON_FINITE` entry beside it saying where (a JSON pointer relative to that table) and
+    what it was, so nothing is lost and any parser reads the file (:func:`restore_non_finite`
+    undoes it). A stage's JSON inside the report's ``results.json`` is therefore written exactly
+    as its own command writes it. Arrays and tensors (``tolist``), dataclasses and paths are
+    converted too; any other object goes through ``unknown`` (TypeError without one)."""
+    ready, _ = _strict(data, unknown)
+    return ready
+
+
+def _strict(obj: Any, unknown: Any) -> tuple[Any, dict[str, str]]:
+    """(the JSON value, the non-finite numbers it holds outside any nested table)."""
+    if isinstance(obj, bool | int | str) or obj is None:
+        return obj, {}
+    if isinstance(obj, float):
+        if math.isfinite(obj):
+            return obj, {}
+        return None, {"": "NaN" if math.isnan(obj) else ("Infinity" if obj > 0 else "-Infinity")}
+    if isinstance(obj, dict):
+        out, found = {}, {}
+        for k, v in obj.items():
+            out[k], inner = _strict(v, unknown)
+            found.update({f"/{_pointer(k)}{w}": what for w, what in inner.items()})
+        if found:
+            out[NON_FINITE] = found
+        return out, {}
+    if isinstance(obj, list | tuple):
+        items, found = [], {}
+        for i, v in enumerate(obj):
+            value, inner = _strict(v, unknown)
+            items.append(value)
+            found.update({f"/{i}{w}": what for w, what in inner.items()})
+        return items, found
+    if hasattr(obj, "tolist"):  # numpy and torch arrays and scalars
+        return _strict(obj.tolist(), unknown)
+    if is_dataclass(obj) and not isinstance(obj, type):
+        return _strict(asdict(obj), unknown)
+    if isinstance(obj, Path):
+        return str(obj), {}
+    if unknown is not None:
+        return _strict(unknown(obj), None)
+    raise TypeError(f"cannot serialize {type(obj).__name__}")
+
+
+def _pointer(key: Any) -> str:
+    text = key if isinstance(key, str) else json.dumps(key)  # as JSON writes the key
+    return text.replace("~", "~0").replace("/", "~1")
+
+
+_VALUES = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
+
+
+def restore_non_finite(data: Any) -> Any:
+    """Undo :func:`json_ready` on what ``json.load`` read: the numbers each :data:`NON_FINITE`
+    table names are NaN / infinities again and the tables are dropped. Returns ``data``."""
+    if isinstance(data, list):
+        for item in data:
+            restore_non_finite(item)
+        return data
+    if not isinstance(data, dict):
+        return data
+    table = data.pop(NON_FINITE, None)
+    for value in data.values():
+        restore_non_finite(value)
+    for where, what in table.items() if isinstance(table, dict) else ():
+        parts = [p.replace("~1", "/").replace("~0", "~") for p in str(where).split("/")[1:]]
+        node: Any = data
+        try:
+            for part in parts[:-1]:
+                node = node[int(part)] if isinstance(node, list) else node[part]
+            last = parts[-1]
+            if isinstance(node, list):
+                node[int(last)] = _VALUES[what]
+            elif isinstance(node, dict) and last in node:
+                node[last] = _VALUES[what]
+        except (KeyError, IndexError, ValueError, TypeError):
+            continue  # a table that does not fit the data: leave the nulls
+    return data
+
+
+def dumps_json(
+    data: Any, indent: int | None = 1, unknown: Callable[[Any], Any] | None = None
+) -> str:
+    """The one JSON encoder of sinklab's outputs (files and ``--format json`` alike): strict JSON
+    (:func:`json_ready`), never a bare ``NaN`` or ``Infinity`` that strict parsers reject."""
+    return json.dumps(json_ready(data, unknown), indent=indent, allow_nan=False)
+
+
 def write_json_atomic(path: Path, data: Any) -> Path:
-    """Write JSON via a temporary file and rename, so a crash never leaves half a file.
+    """Write ``data`` as strict JSON (:func:`dumps_json`) via a temporary file and rename, so a
+    crash never leaves half a file.
 
     The file follows the user's umask like any other (``mkstemp`` alone would make it 0600).
     """
+    text = dumps_json(data) + "\n"  # before any file exists: an unserialisable value writes none
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
     try:
         os.fchmod(fd, 0o666 & ~_umask())
         with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump(data, f, indent=1, allow_nan=True, default=_default)
-            f.write("\n")
+            f.write(text)
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
@@ -95,13 +190,3 @@ def _umask() -> int:
     mask = os.umask(0)
     os.umask(mask)
     return mask
-
-
-def _default(obj: Any) -> Any:
-    if hasattr(obj, "tolist"):
-        return obj.tolist()
-    if is_dataclass(obj):
-        return asdict(obj)
-    if isinstance(obj, Path):
-        return str(obj)
-    raise TypeError(f"cannot serialize {type(obj).__name__}")

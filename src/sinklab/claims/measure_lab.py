@@ -16,6 +16,7 @@ from typing import Any
 
 from sinklab.claims.measure_model import Measurement
 from sinklab.errors import SinklabError
+from sinklab.meta import restore_non_finite
 from sinklab.safeio import read_json
 
 log = logging.getLogger(__name__)
@@ -72,7 +73,7 @@ def load_lab_runs(folder: Path) -> list[LabRun]:
     seen: set[tuple] = set()
     for path in sorted(folder.rglob("train.json")):
         try:
-            raw = read_json(path, "lab run", "lab JSON")
+            raw = restore_non_finite(read_json(path, "lab run", "lab JSON"))
             config, checkpoints = dict(raw["config"]), list(raw["checkpoints"])
             run = LabRun(path.parent, config, dict(checkpoints[-1]), dict(raw.get("val", {})))
         except (SinklabError, OSError, ValueError, KeyError, TypeError, IndexError) as exc:

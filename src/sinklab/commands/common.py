@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -24,6 +23,7 @@ from rich.progress import (
 from rich.text import Text
 
 from sinklab.errors import SinklabError
+from sinklab.meta import dumps_json
 from sinklab.parsing import (  # noqa: F401 (the commands import them from here)
     parse_float_list,
     parse_int_list,
@@ -117,8 +117,8 @@ stderr = Console(stderr=True)
 
 
 def emit_json(data: Any) -> None:
-    json.dump(data, sys.stdout, indent=1, default=str)
-    sys.stdout.write("\n")
+    """``--format json`` on stdout, through the one JSON encoder (non-finite numbers as null)."""
+    sys.stdout.write(dumps_json(data, unknown=str) + "\n")
 
 
 def given(ctx: typer.Context, name: str) -> bool:

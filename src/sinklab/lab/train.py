@@ -39,7 +39,7 @@ from sinklab.lab.config import TrainConfig
 from sinklab.lab.data import LabData
 from sinklab.lab.model import LabConfig, LabForCausalLM
 from sinklab.lab.ranks import Ranks, check_nproc, process_group
-from sinklab.meta import attach_meta, write_json_atomic
+from sinklab.meta import attach_meta, restore_non_finite, write_json_atomic
 from sinklab.models.loading import describe, file_sha256
 from sinklab.probe import ProbeConfig, probe
 from sinklab.probe.spec import DEFAULT_EPS
@@ -89,7 +89,7 @@ class TrainResult:
 def load_result(out: Path) -> TrainResult | None:
     """The finished run saved in ``out/train.json``, or None when there is none (or unreadable)."""
     try:
-        raw = read_json(out / "train.json", "lab run", "lab JSON")
+        raw = restore_non_finite(read_json(out / "train.json", "lab run", "lab JSON"))
         config = TrainConfig(**raw["config"])
         loss = [(int(s), float(v)) for s, v in raw["loss"]]
         meta, run = raw.get("meta", {}), raw.get("run", {})
