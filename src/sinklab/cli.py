@@ -2,6 +2,11 @@
 
 User mistakes (:class:`SinklabError`) print as one line and exit 2; set ``SINKLAB_DEBUG=1`` for
 the traceback.
+
+This module imports only the standard library at the top: :func:`main` installs the SIGINT /
+SIGTERM handlers first and only then imports typer, torch and transformers (seconds), so an
+interrupt at any instant of start-up is one line and exit 130, never a traceback or a silent 143.
+The typer application is built on first use (:func:`get_app`; ``sinklab.cli.app`` still works).
 """
 
 from __future__ import annotations
@@ -15,35 +20,51 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-import typer
-from typer._click.exceptions import NoArgsIsHelpError, UsageError  # typer's own copy of click
-
 from sinklab.errors import SinklabError
 
-app = typer.Typer(
-    name="sinklab",
-    help=(
-        "Make attention sinks in transformer LMs visible, measurable, exploitable and "
-        "removable.\n\n"
-        "Examples:\n\n"
-        "  sinklab info                                  # the embedded SmolLM2 and corpus\n\n"
-        "  sinklab probe --tokens 1024 --q0 16           # sink mass per layer and head\n\n"
-        "  sinklab stream --policy all --tokens 4000     # streaming perplexity, sink vs window\n\n"
-        "  sinklab ablate --experiment first-token       # drop / replace the first token\n\n"
-        "  sinklab report --quick                        # everything, as one HTML page"
-    ),
-    no_args_is_help=True,
-    pretty_exceptions_enable=False,
-    add_completion=False,
+_HELP = (
+    "Make attention sinks in transformer LMs visible, measurable, exploitable and "
+    "removable.\n\n"
+    "Examples:\n\n"
+    "  sinklab info                                  # the embedded SmolLM2 and corpus\n\n"
+    "  sinklab probe --tokens 1024 --q0 16           # sink mass per layer and head\n\n"
+    "  sinklab stream --policy all --tokens 4000     # streaming perplexity, sink vs window\n\n"
+    "  sinklab ablate --experiment first-token       # drop / replace the first token\n\n"
+    "  sinklab report --quick                        # everything, as one HTML page"
 )
+_APP: Any = None
 
 
-@app.callback()
-def _root() -> None:
-    """sinklab: attention sinks, measured."""
+def get_app() -> Any:
+    """The typer application with every command registered (built once; imports torch)."""
+    global _APP
+    if _APP is None:
+        import typer
+
+        app = typer.Typer(
+            name="sinklab",
+            help=_HELP,
+            no_args_is_help=True,
+            pretty_exceptions_enable=False,
+            add_completion=False,
+        )
+
+        @app.callback()
+        def _root() -> None:
+            """sinklab: attention sinks, measured."""
+
+        _register_commands(app)
+        _APP = app
+    return _APP
 
 
-def _register_commands() -> None:
+def __getattr__(name: str) -> Any:
+    if name == "app":  # ``from sinklab.cli import app``
+        return get_app()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def _register_commands(app: Any) -> None:
     from sinklab.commands import (
         ablate,
         chat,
@@ -81,9 +102,6 @@ def _guard_stdout(fn: Callable[..., Any]) -> Callable[..., Any]:
     return command
 
 
-_register_commands()
-
-
 class _Interrupted(Exception):
     """Ctrl-C or SIGTERM reached :func:`main` (typer turns a bare KeyboardInterrupt into a silent
     exit 130, so the signal handlers record that it happened)."""
@@ -119,7 +137,7 @@ def _silence_stdout() -> None:
         pass
 
 
-def _usage_line(exc: UsageError) -> str:
+def _usage_line(exc: Any) -> str:
     """A usage error as one line: the message and where to read the options."""
     message = " ".join(exc.format_message().split())
     ctx = exc.ctx
@@ -128,6 +146,10 @@ def _usage_line(exc: UsageError) -> str:
 
 
 def _run(argv: list[str] | None) -> int:
+    app = get_app()  # the heavy imports: after the signal handlers, inside main's try
+    import typer
+    from typer._click.exceptions import NoArgsIsHelpError, UsageError  # typer's copy of click
+
     try:
         code = app(args=argv, prog_name="sinklab", standalone_mode=False)
     except NoArgsIsHelpError:
@@ -141,6 +163,18 @@ def _run(argv: list[str] | None) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point: run the CLI, turning user mistakes into one line and exit code 2."""
+    caught, previous = _signals()  # first: an interrupt during the imports below is one line
+    try:
+        return _main(argv, caught)
+    except KeyboardInterrupt:  # between the handlers and _main's own try
+        _say("interrupted; nothing was half-written (any --out folder is as it was)")
+        return 130
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def _main(argv: list[str] | None, caught: list[int]) -> int:
     debug = os.environ.get("SINKLAB_DEBUG", "") not in ("", "0")
     logging.basicConfig(level=logging.DEBUG if debug else logging.WARNING, format="%(message)s")
     if not debug:
@@ -152,7 +186,6 @@ def main(argv: list[str] | None = None) -> int:
             "redirect it to a file or /dev/null instead"
         )
         return 2
-    caught, previous = _signals()
     try:
         code = _run(argv)
         if code == 130 and caught:
@@ -181,9 +214,6 @@ def main(argv: list[str] | None = None) -> int:
             "(set SINKLAB_DEBUG=1 for the traceback, and please report it)"
         )
         return 1
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
 
 
 if __name__ == "__main__":
