@@ -70,7 +70,8 @@ def report(
         split_list(stages, "--stages", "probe,stream") if stages is not None else None
     )
     config = ReportConfig.preset(quick, **parse_overrides(overrides or []))
-    out = check_out_dir(out)  # cheap checks first: a bad folder fails before the model loads
+    config.check_stream([s.name for s in chosen])  # cheap checks first: sizes and the folder
+    out = check_out_dir(out)  # fail before the model loads
     txt = load_text(text)
     several = model_names(model)
     if several is not None:

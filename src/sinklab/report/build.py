@@ -1,9 +1,11 @@
 """Run every stage on one loaded model and write ``DIR/index.html`` + ``DIR/results.json``.
 
 The report is assembled in a temporary folder beside ``DIR`` (same file system) and only moved
-into place once complete, so an interrupted or crashed run never leaves a half-written report over
-a good one: the previous report stays until the new one replaces it (two renames; the old one is
-deleted last). A stage that raises becomes a failed section with its error; the others still run.
+into place once complete (:func:`sinklab.outputs.output_dir`: one exchange, the old report
+deleted last), so an interrupted or crashed run never leaves a half-written report over a good
+one. A stage that raises becomes a failed section with its error; the others still run. A report
+is never moved into place when the place failed it (a full disk, a quota, a read-only file system:
+one line) or when every stage failed (nothing to show): the previous report stays byte-identical.
 ``KeyboardInterrupt`` removes the temporary folder and propagates.
 """
 
@@ -17,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from sinklab.corpus import Text
+from sinklab.errors import SinklabError
 from sinklab.meta import attach_meta, versions, write_json_atomic
 from sinklab.models.loading import LoadedModel
 from sinklab.outputs import check_out, output_dir
@@ -85,6 +88,7 @@ def build_report(
     reproduce command.
     """
     out = check_out(out, COMMAND)
+    config.check_stream([s.name for s in stages])  # sizes fitted to the model, before any work
     with output_dir(out, COMMAND) as tmp:
         report = _build_in(
             tmp,
@@ -152,6 +156,12 @@ def _build_in(
             on_stage(results[-1])
         done += cost
         progress(1.0, results[-1].status)
+    if results and all(r.status != "ok" for r in results):
+        first = results[0]
+        kept = "the previous report is as it was" if final_out.exists() else "no report written"
+        raise SinklabError(
+            f"every stage of the report failed ({first.name}: {first.error}); {kept}"
+        )
     seconds = time.perf_counter() - start
     summary = [*notes, *headline(results)]
     data = {

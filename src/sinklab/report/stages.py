@@ -28,6 +28,7 @@ import torch
 from sinklab.corpus import Text, token_stream
 from sinklab.errors import SinklabError
 from sinklab.models.loading import LoadedModel
+from sinklab.outputs import place_error
 from sinklab.parsing import parse_int_list
 from sinklab.probe.metrics import nan_mean
 from sinklab.probe.spec import DEFAULT_EPS
@@ -35,6 +36,10 @@ from sinklab.probe.spec import DEFAULT_EPS
 Progress = Callable[[float, str], None]  # (fraction of this stage done in [0, 1], short note)
 JsonPath = tuple[str | int, ...]
 AGGREGATES = ("mean", "max", "argmax", "count:VALUE")
+
+
+MAX_TOKENS = 1 << 20  # the largest length, window or sink count a report accepts (--set)
+MAX_GRID = 32  # the largest sensitivity grid side (grid^2 Jacobian rows)
 
 
 @dataclass(frozen=True)
@@ -68,9 +73,20 @@ class ReportConfig:
         for name, value in positive.items():
             if value < 1:
                 raise SinklabError(f"report {name} must be at least 1, got {value}")
+            top = MAX_GRID if name == "sensitivity_grid" else MAX_TOKENS
+            if value > top:
+                raise SinklabError(
+                    f"report {name} must be at most {top:,} (a run that fits this machine), "
+                    f"got {value:,}; pass a smaller --set {name}"
+                )
         if not self.probe_lengths or min(self.probe_lengths) < 2:
             raise SinklabError(
                 f"report probe_lengths must be non-empty lengths >= 2, got {self.probe_lengths}"
+            )
+        if max(self.probe_lengths) > MAX_TOKENS:
+            raise SinklabError(
+                f"report probe_lengths must be at most {MAX_TOKENS:,} tokens, got "
+                f"{max(self.probe_lengths):,}; pass smaller --set probe_lengths"
             )
         if not 0 < self.eps < 1:
             raise SinklabError(f"report eps must be in (0, 1), got {self.eps}")
@@ -79,6 +95,20 @@ class ReportConfig:
                 f"report q0 must be in [0, {min(self.probe_tokens, self.ablate_tokens)}), "
                 f"got {self.q0}"
             )
+
+    def check_stream(self, stages: Sequence[str]) -> None:
+        """Refuse a streaming stage whose sinks and window are not below its length: nothing
+        would ever be evicted (every policy would be dense), or, where the length was clamped to
+        the model, the cache would run past the model's positions. Called before the model
+        loads and again once the sizes are fitted to it, so the report never runs to find out."""
+        if "stream" not in stages or self.n_sink + self.window < self.stream_tokens:
+            return
+        raise SinklabError(
+            f"report n_sink + window = {self.n_sink + self.window:,} is not below stream_tokens "
+            f"= {self.stream_tokens:,}, so the stream stage would evict nothing; pass a smaller "
+            f"--set window (at most {max(1, self.stream_tokens - self.n_sink - 1):,}) or a "
+            "larger --set stream_tokens"
+        )
 
     @property
     def thresholds(self) -> tuple[float, ...]:
@@ -282,7 +312,9 @@ def describe_error(exc: BaseException) -> str:
 
 
 def run_stage(stage: Stage, ctx: StageContext) -> StageResult:
-    """Run one stage; any ``Exception`` becomes a failed result (KeyboardInterrupt propagates)."""
+    """Run one stage; any ``Exception`` becomes a failed result, except a full disk, a quota, a
+    read-only file system or a file-size limit (:func:`sinklab.outputs.place_error`), which
+    stops the report like KeyboardInterrupt does."""
     start, cpu = time.perf_counter(), time.process_time()
     params: dict[str, Any] = {}
     command: list[str] = []
@@ -294,6 +326,8 @@ def run_stage(stage: Stage, ctx: StageContext) -> StageResult:
         command = stage.command(ctx)
         output = stage.run(ctx)
     except Exception as exc:
+        if place_error(exc, ctx.figures_dir) is not None:
+            raise  # the disk failed the whole report, not this stage: nothing moves into place
         error = describe_error(exc)
         trace = "".join(traceback.format_exception(exc, limit=-8))
     return StageResult(
