@@ -14,9 +14,10 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import os
 import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -36,6 +37,7 @@ from sinklab.models.checks import check_model_folder
 from sinklab.models.offline import cache_dir, enforce_offline
 from sinklab.models.rotary import position_scheme
 from sinklab.models.zoo import (
+    CACHE_FORMAT,
     READY,
     SMOLLM2,
     ZOO,
@@ -44,9 +46,9 @@ from sinklab.models.zoo import (
     embedded_gguf,
     file_sha256,
     find_gguf,
-    is_ready,
     not_installed,
 )
+from sinklab.outputs import exchange_folders, follow_umask, remove_stale_builds
 from sinklab.safeio import read_json
 from sinklab.seam import register
 
@@ -369,41 +371,149 @@ def _weights_sha256(folder: Path) -> str | None:
 
 def dequantize(model: ZooModel, gguf: Path, gguf_sha: str) -> Path:
     """Dequantize a zoo model's GGUF once into float32 safetensors under ``cache_dir()`` and
-    return the folder; an existing complete copy is reused. Atomic (a temporary folder beside
-    it, renamed when whole), so an interrupted conversion leaves nothing a load would trust."""
+    return the folder: a whole copy is reused, a broken one rebuilt once (:func:`cached_build`:
+    a temporary folder beside it, its marker written last, swapped in when whole), so an
+    interrupted conversion leaves nothing a load would trust."""
     target = dequantized_dir(model, gguf_sha)
-    if is_ready(target):
-        return target
-    from safetensors.torch import save_model
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-    from transformers.utils import logging as hf_logging
 
-    hf_logging.disable_progress_bar()  # its tqdm bars are chatter: the caller shows progress
-    log.info("dequantizing %s once into %s (later loads are fast)", gguf.name, target)
-    lm = AutoModelForCausalLM.from_pretrained(
-        str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32
-    )
-    tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{model.name}-", dir=target.parent))
-    try:
+    def build(folder: Path) -> None:
+        from safetensors.torch import save_model
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()  # its tqdm bars are chatter: the caller shows progress
+        log.info("dequantizing %s once into %s (later loads are fast)", gguf.name, target)
+        with _quiet_gguf():
+            lm = AutoModelForCausalLM.from_pretrained(
+                str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32
+            )
+            tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
         config = lm.config
         if hasattr(config, "quantization_config"):
             del config.quantization_config  # the copy is plain float32, not GGUF
         config.architectures = [type(lm).__name__]
         config.name_or_path = f"{model.name} ({gguf.name}, dequantized to float32)"
-        config.save_pretrained(tmp)
-        save_model(lm, str(tmp / "model.safetensors"), metadata={"format": "pt"})
-        tokenizer.save_pretrained(tmp)
-        (tmp / READY).write_text(json.dumps({"gguf": str(gguf), "gguf_sha256": gguf_sha}))
+        config.save_pretrained(folder)
+        save_model(lm, str(folder / "model.safetensors"), metadata={"format": "pt"})
+        tokenizer.save_pretrained(folder)
+
+    return cached_build(
+        target, build, {"gguf_sha256": gguf_sha}, f"the {model.name} model", {"gguf": str(gguf)}
+    )
+
+
+@contextmanager
+def _quiet_gguf() -> Iterator[None]:
+    """transformers' GGUF conversion draws its own tqdm bars whatever its progress switch says:
+    hand it a silent one while it runs (the CLI shows its own progress)."""
+    from transformers import modeling_gguf_pytorch_utils as gguf_utils
+
+    noisy = gguf_utils.tqdm
+    gguf_utils.tqdm = lambda iterable=None, *a, **k: iterable
+    try:
+        yield
+    finally:
+        gguf_utils.tqdm = noisy
+
+
+def cached_build(
+    target: Path,
+    build: Callable[[Path], None],
+    facts: dict[str, Any],
+    what: str,
+    notes: dict[str, Any] | None = None,
+) -> Path:
+    """The cache folder ``target`` built by ``build(folder)``: checked on every use, and a
+    broken, partial or truncated copy (sinklab's own) rebuilt once, with one warning saying so.
+
+    ``build`` fills a temporary folder beside ``target``; the marker :data:`READY` is written
+    last with ``facts`` (what the copy was made from, which must match), ``notes`` (recorded
+    only) and every file's size, mtime and sha256; the folder then replaces ``target`` in one
+    step. A copy is used only when its marker is there, its facts match and every file is whole
+    (the size, and the hash wherever the file's mtime moved), so a broken copy is never loaded.
+    Files follow the umask.
+    """
+    problem = cache_problem(target, facts) if target.exists() else None
+    if target.exists() and problem is None:
+        return target
+    if problem is not None:
+        log.warning(
+            "sinklab: the cached copy of %s in %s is broken (%s); rebuilding it once",
+            what,
+            target,
+            problem,
+        )
+    target.parent.mkdir(parents=True, exist_ok=True)
+    remove_stale_builds(target)  # builds of killed processes: hundreds of MB each
+    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-{os.getpid()}-", dir=target.parent))
+    try:
+        build(tmp)
+        files = {p.name: _file_record(p) for p in sorted(tmp.iterdir()) if p.name != READY}
+        marker = {**(notes or {}), **facts, "format": CACHE_FORMAT, "files": files}
+        (tmp / READY).write_text(json.dumps(marker, indent=1), encoding="utf-8")
+        follow_umask(tmp)
+        _into_place(tmp, target, facts)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    problem = cache_problem(target, facts)
+    if problem is not None:
+        raise SinklabError(
+            f"sinklab's own cache of {what} in {str(target)!r} is broken ({problem}) and "
+            "rebuilding it did not help; it is safe to delete: remove that folder (or point "
+            "SINKLAB_CACHE elsewhere) and run again"
+        )
+    return target
+
+
+def _into_place(tmp: Path, target: Path, facts: dict[str, Any]) -> None:
+    """Move the finished ``tmp`` to ``target``: over a broken copy in one exchange (the broken
+    one is then deleted from ``tmp``), or beside another process's good copy (kept)."""
+    if not target.exists():
         try:
             tmp.rename(target)
-        except OSError:  # another process won the race: use theirs
-            shutil.rmtree(tmp, ignore_errors=True)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    return target
+            return
+        except OSError:  # another process won the race
+            if cache_problem(target, facts) is None:
+                return
+    if not exchange_folders(tmp, target):
+        aside = target.parent / f".{target.name}.broken-{os.getpid()}"
+        target.rename(aside)
+        tmp.rename(target)
+        shutil.rmtree(aside, ignore_errors=True)
+
+
+def _file_record(path: Path) -> dict[str, Any]:
+    st = path.stat()
+    return {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "sha256": file_sha256(path)}
+
+
+def cache_problem(folder: Path, facts: dict[str, Any]) -> str | None:
+    """Why the cache folder ``folder`` cannot be used (one phrase), or None when it is whole."""
+    marker = folder / READY
+    if not folder.is_dir():
+        return "it is not a folder"
+    if not marker.is_file():
+        return "its build was cut short: no marker"
+    try:
+        data = read_json(marker, "cache marker", "output marker")
+    except SinklabError:
+        return "its marker is unreadable"
+    files = data.get("files") if isinstance(data, dict) else None
+    if not isinstance(files, dict) or not files or data.get("format") != CACHE_FORMAT:
+        return "its marker is from another sinklab version"
+    if any(data.get(k) != v for k, v in facts.items()):
+        return "it was made from another file"
+    for name, record in files.items():
+        path = folder / str(name)
+        try:
+            st = path.stat()
+            if not path.is_file() or st.st_size != record["size"]:
+                return f"{name} is truncated or changed"
+            if st.st_mtime_ns != record["mtime_ns"] and file_sha256(path) != record["sha256"]:
+                return f"{name} does not match its sha256"
+        except (OSError, KeyError, TypeError):
+            return f"{name} is missing"
+    return None
 
 
 def zoo_weights(model: ZooModel) -> tuple[Path, str, str]:
@@ -412,7 +522,8 @@ def zoo_weights(model: ZooModel) -> tuple[Path, str, str]:
     The embedded model's installed GGUF is hashed at every load (it can change under pip); a
     fetched model was checked against its pinned hash when ``sinklab models install`` assembled
     it, and its folder is named by that hash. Not installed: the one line that says how."""
-    if model.embedded or not is_ready(dequantized_dir(model)):
+    whole = cache_problem(dequantized_dir(model), {"gguf_sha256": model.sha256}) is None
+    if model.embedded or not whole:  # a broken copy is rebuilt from the GGUF (dequantize)
         gguf = find_gguf(model)
         if gguf is None:
             raise not_installed(model)
@@ -479,14 +590,20 @@ def load_model(
     name = spec or DEFAULT_MODEL
     if name in ZOO:
         folder, gguf, gguf_sha = zoo_weights(ZOO[name])
-        model, tokenizer = _load_folder(
-            str(folder),
-            dtype=dtype,
-            trust_remote_code=False,
-            local_only=True,
-            embedded=True,
-            device_map=device_map,
-        )
+        try:
+            model, tokenizer = _load_folder(
+                str(folder),
+                dtype=dtype,
+                trust_remote_code=False,
+                local_only=True,
+                embedded=True,
+                device_map=device_map,
+            )
+        except SinklabError as exc:
+            raise SinklabError(
+                f"{exc} (that folder is sinklab's own cache of {name}, safe to delete: remove "
+                "it and run again to rebuild it)"
+            ) from exc
         info = describe(model, name, gguf, gguf_sha)
     else:
         path = Path(name).expanduser()

@@ -22,7 +22,7 @@ from typing import Any
 from sinklab.errors import SinklabError
 from sinklab.models.offline import cache_dir
 
-CACHE_FORMAT = 1  # bump when the dequantized layout changes
+CACHE_FORMAT = 2  # bump when the dequantized layout changes (2: its marker lists every file's hash)
 READY = "sinklab.json"  # written last into a dequantized folder: its presence means complete
 
 
