@@ -115,9 +115,23 @@ class ClaimsConfig:
         return any(c not in (*LAB_CLAIMS, "sink-cheaper") for c in self.wanted())
 
     def read_texts(self) -> list[Text]:
-        """The texts the model claims read (none when no model is needed): a bad text fails
-        here, before any model loads."""
-        return [load_text(t) for t in self.texts] if self.needs_model else []
+        """The texts the model claims read (none when no model is needed): a bad text, or the
+        same text twice (by content: one text counted as several independent samples would
+        narrow every interval for nothing), fails here, before any model loads."""
+        if not self.needs_model:
+            return []
+        texts = [load_text(t) for t in self.texts]
+        first: dict[str, str] = {}
+        for spec, text in zip(self.texts, texts, strict=True):
+            if text.sha256 in first:
+                same = "twice" if first[text.sha256] == spec else f"and {first[text.sha256]!r}"
+                raise SinklabError(
+                    f"--texts names {spec!r} {same}: the same text (sha256 "
+                    f"{text.sha256[:12]}) would count as several independent samples; pass "
+                    "distinct texts (or --windows N for more samples of one text)"
+                )
+            first[text.sha256] = spec
+        return texts
 
 
 def _filled(text: str, sizes: dict[str, Any]) -> str:
