@@ -171,7 +171,7 @@ def remove_stale_builds(out: Path) -> list[Path]:
             log.warning(
                 "sinklab: could not remove the leftover folder %s of an earlier run (no "
                 "permission); delete it yourself",
-                _show(path),
+                repr(str(path)),
             )
         else:
             removed.append(path)
@@ -275,7 +275,7 @@ def _discard(path: Path) -> None:
         log.warning(
             "sinklab: the replaced output was left at %s (it could not be deleted); delete it "
             "yourself",
-            _show(path),
+            repr(str(path)),
         )
 
 

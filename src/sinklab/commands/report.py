@@ -79,6 +79,7 @@ def report(
         return
     loaded = load(model, dtype, device, trust_remote_code)
     config, notes = config.fit(loaded.info.max_positions, loaded.info.name)  # clamp, and say so
+    config.check_stream([s.name for s in chosen], loaded.info.max_positions)  # fitted: still ok?
     for note in notes:
         stderr.print(note, highlight=False, soft_wrap=True)
     model_options = (  # how the model was loaded, for every section's reproduce command

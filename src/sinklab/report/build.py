@@ -88,7 +88,7 @@ def build_report(
     reproduce command.
     """
     out = check_out(out, COMMAND)
-    config.check_stream([s.name for s in stages])  # sizes fitted to the model, before any work
+    config.check_stream([s.name for s in stages], loaded.info.max_positions)  # before any work
     with output_dir(out, COMMAND) as tmp:
         report = _build_in(
             tmp,

@@ -96,17 +96,19 @@ class ReportConfig:
                 f"got {self.q0}"
             )
 
-    def check_stream(self, stages: Sequence[str]) -> None:
+    def check_stream(self, stages: Sequence[str], max_positions: int | None = None) -> None:
         """Refuse a streaming stage whose sinks and window are not below its length: nothing
         would ever be evicted (every policy would be dense), or, where the length was clamped to
         the model, the cache would run past the model's positions. Called before the model
-        loads and again once the sizes are fitted to it, so the report never runs to find out."""
+        loads and again once the sizes are fitted to it (``max_positions``: the model's), so the
+        report never runs to find out."""
         if "stream" not in stages or self.n_sink + self.window < self.stream_tokens:
             return
+        clamped = " (the model's positions)" if self.stream_tokens == max_positions else ""
         raise SinklabError(
             f"report n_sink + window = {self.n_sink + self.window:,} is not below stream_tokens "
-            f"= {self.stream_tokens:,}, so the stream stage would evict nothing; pass a smaller "
-            f"--set window (at most {max(1, self.stream_tokens - self.n_sink - 1):,}) or a "
+            f"= {self.stream_tokens:,}{clamped}, so the stream stage would evict nothing; pass a "
+            f"smaller --set window (at most {max(1, self.stream_tokens - self.n_sink - 1):,}) or a "
             "larger --set stream_tokens"
         )
 
