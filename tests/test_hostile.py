@@ -139,6 +139,26 @@ def test_fallback_recovery_is_one_line(tmp_path, caplog):
     assert [r.getMessage() for r in caplog.records if "put back" in r.getMessage()]
 
 
+@pytest.mark.parametrize("exchange", [True, False])
+def test_a_users_folder_named_like_a_swap_leftover_is_never_touched(
+    tmp_path, monkeypatch, exchange
+):
+    import sinklab.outputs
+
+    if not exchange:
+        monkeypatch.setattr(sinklab.outputs, "exchange_folders", lambda a, b: False)
+    out = tmp_path / "out"
+    _previous(out, "probe")
+    mine = tmp_path / ".out.old"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("mine")
+    for text in ("second", "third"):
+        with output_dir(out, "probe") as tmp:
+            (tmp / "probe.json").write_text(text)
+    assert (mine / "notes.txt").read_text() == "mine" and _siblings(out) == [".out.old", "out"]
+    assert (out / "probe.json").read_text() == "third"
+
+
 @pytest.mark.parametrize("command", ["probe", "report"])
 def test_write_protected_previous_output_is_refused_before_work(tmp_path, command):
     """A 0555 previous output in a writable parent could be moved aside but never deleted:
@@ -177,9 +197,9 @@ def test_leftover_that_cannot_be_removed_is_named_in_one_line(tmp_path):
 
 
 def test_out_inside_a_previous_output_is_refused(capsys, tmp_path, monkeypatch):
-    import sinklab.models
+    import sinklab.models.loading
 
-    monkeypatch.setattr(sinklab.models, "load_model", _no_load)
+    monkeypatch.setattr(sinklab.models.loading, "load_model", _no_load)
     report = tmp_path / "R"
     _previous(report, "report")
     before = digest(tmp_path)
@@ -254,9 +274,9 @@ def test_report_sizes_are_checked_before_any_stage(
     out, model = good_report
     before = digest(out)
     if not loads:
-        import sinklab.models
+        import sinklab.models.loading
 
-        monkeypatch.setattr(sinklab.models, "load_model", _no_load)
+        monkeypatch.setattr(sinklab.models.loading, "load_model", _no_load)
     monkeypatch.setattr(sinklab.report.stages, "run_stage", _no_load)
     args = [a for kv in sizes for a in ("--set", kv)]
     code, _, err = run_main(capsys, "report", "--model", str(model), "--quick", "--stages",
@@ -294,7 +314,7 @@ def _build(calls: list[int]):
 
 @pytest.mark.parametrize("damage", ["truncated", "flipped", "no marker", "file gone"])
 def test_a_broken_cache_entry_is_rebuilt_once(tmp_path, caplog, damage):
-    from sinklab.models import CACHE_MARKER, cached_build
+    from sinklab.models.loading import CACHE_MARKER, cached_build
 
     target, calls, facts = tmp_path / "entry", [], {"from": "x"}
     assert cached_build(target, _build(calls), facts, "a model") == target
@@ -318,7 +338,7 @@ def test_a_broken_cache_entry_is_rebuilt_once(tmp_path, caplog, damage):
 
 
 def test_a_cache_that_rebuilding_cannot_heal_says_it_is_safe_to_delete(tmp_path, monkeypatch):
-    import sinklab.models as models
+    import sinklab.models.loading as models
 
     monkeypatch.setattr(models, "cache_problem", lambda folder, facts: "a disk that lies")
     with pytest.raises(SinklabError, match=r"sinklab's own cache of a model .* safe to delete"):
@@ -418,9 +438,9 @@ def test_claims_on_a_lab_run_holding_nan_writes_strict_json(capsys, tmp_path):
 
 @pytest.mark.parametrize("texts", ["shakespeare:hamlet,shakespeare:hamlet", "A,B"])
 def test_claims_refuses_the_same_text_twice(capsys, tmp_path, monkeypatch, texts):
-    import sinklab.models
+    import sinklab.models.loading
 
-    monkeypatch.setattr(sinklab.models, "load_model", _no_load)
+    monkeypatch.setattr(sinklab.models.loading, "load_model", _no_load)
     (tmp_path / "a.txt").write_text("the same words " * 50)
     shutil.copy(tmp_path / "a.txt", tmp_path / "b.txt")  # another name, the same text
     texts = texts.replace("A", str(tmp_path / "a.txt")).replace("B", str(tmp_path / "b.txt"))

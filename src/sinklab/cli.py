@@ -5,7 +5,8 @@ the traceback.
 
 This module imports only the standard library at the top: :func:`main` installs the SIGINT /
 SIGTERM handlers first and only then imports typer, torch and transformers (seconds), so an
-interrupt at any instant of start-up is one line and exit 130, never a traceback or a silent 143.
+interrupt during start-up is one line and exit 130, never a traceback or a silent 143 (only the
+interpreter's own start, some tens of milliseconds before any sinklab code runs, is left).
 The typer application is built on first use (:func:`get_app`; ``sinklab.cli.app`` still works).
 """
 

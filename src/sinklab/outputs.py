@@ -95,7 +95,7 @@ def _check_out(out: Path, command: str) -> Path:
                 "pass another folder"
             )
     _check_not_inside(out)
-    if out.is_dir():
+    if out.is_dir() and any(out.iterdir()):  # an empty folder goes with its parent's permission
         _check_removable(out)
     base = out.parent
     while not base.exists():
@@ -190,9 +190,9 @@ def _leftovers(out: Path) -> list[Path]:
         if not path.is_dir() or path.is_symlink():
             continue
         build = path.name.startswith(tmp) and _dead(path.name, tmp)
-        aside = path.name == old and out.exists()
+        aside = path.name == old and out.exists() and _marker(path) is not None
         legacy = out.exists() and path.name.startswith(old + "-") and _dead(path.name, old + "-")
-        if build or aside or legacy:
+        if build or aside or (legacy and _marker(path) is not None):
             found.append(path)
     return found
 
@@ -256,8 +256,10 @@ def _swap_into_place(tmp: Path, out: Path) -> None:
         _discard(tmp)  # tmp now holds the previous output
         return
     old = out.parent / f".{out.name}.old"
-    if old.exists():
-        shutil.rmtree(old)
+    if old.exists() and _marker(old) is not None:
+        shutil.rmtree(old)  # an earlier run's copy, beside a whole out
+    if old.exists():  # not sinklab's: never touched; the next run recovers a PID-named copy
+        old = out.parent / f".{out.name}.old-{os.getpid()}"
     out.rename(old)
     try:
         tmp.rename(out)
