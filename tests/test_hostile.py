@@ -314,7 +314,8 @@ def _build(calls: list[int]):
 
 @pytest.mark.parametrize("damage", ["truncated", "flipped", "no marker", "file gone"])
 def test_a_broken_cache_entry_is_rebuilt_once(tmp_path, caplog, damage):
-    from sinklab.models.loading import CACHE_MARKER, cached_build
+    from sinklab.models.loading import cached_build
+    from sinklab.models.zoo import READY
 
     target, calls, facts = tmp_path / "entry", [], {"from": "x"}
     assert cached_build(target, _build(calls), facts, "a model") == target
@@ -324,7 +325,7 @@ def test_a_broken_cache_entry_is_rebuilt_once(tmp_path, caplog, damage):
     elif damage == "flipped":  # same size, new mtime: the hash finds it
         weights.write_bytes(b"v" + b"w" * 999)
     elif damage == "no marker":  # a build cut short
-        (target / CACHE_MARKER).unlink()
+        (target / READY).unlink()
     else:
         weights.unlink()
     with caplog.at_level("WARNING"):
