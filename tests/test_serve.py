@@ -246,3 +246,30 @@ def test_non_loopback_bind_without_key_is_refused(capsys):
     assert_one_line_error(run, "--api-key")
     run = run_main(capsys, "serve", "--api-key", "k", "--api-key", "k", "--port", "0")
     assert_one_line_error(run, "twice")
+
+
+def test_load_benchmark_runs_on_a_tiny_model(chat_dir, tmp_path):
+    """benchmarks/serve_load.py end to end on the tiny model (so it cannot rot unseen)."""
+    import importlib.util
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "serve_load.py"
+    spec = importlib.util.spec_from_file_location("serve_load", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    sizes = [
+        "--clients",
+        "2",
+        "--turns",
+        "2",
+        "--max-tokens",
+        "3",
+        "--out",
+        str(tmp_path / "o.json"),
+    ]
+    cache = ["--n-sink", str(N_SINK), "--window", str(WINDOW)]
+    out = bench.main(["--model", str(chat_dir), *sizes, *cache])
+    arm = out["arms"]["2"]
+    assert arm["turns_done"] == 4 and 0 < arm["completion_tokens"] <= 12
+    assert arm["tokens_per_s"] == pytest.approx(arm["completion_tokens"] / arm["wall_s"], 1e-2)
+    assert arm["ttft_p50_s"] <= arm["ttft_p95_s"]
+    assert (tmp_path / "o.json").exists()

@@ -1,0 +1,252 @@
+"""``sinklab serve`` under load, on this machine only (127.0.0.1), every loop bounded.
+
+Load: for each N in --clients, a fresh ``sinklab serve`` (SmolLM2, 4 sinks + 252 window by
+default) and N concurrent clients, each holding its own session for --turns turns (a line of the
+plays per turn, streamed, greedy, --max-tokens per reply). Recorded per arm: aggregate completion
+tokens per second (all clients' tokens / the arm's wall time), time to first token (request sent
+-> first content chunk) and per-token latency (the gaps between content chunks), p50 and p95,
+and the server's peak batch size. Rounds alternate the N's; medians over rounds are quoted.
+
+Soak: one session for --soak-turns turns on a fresh server: the latency of each turn and the
+server's RSS (from /metrics) every 10 turns; first vs last 100 turns.
+
+Usage: python benchmarks/serve_load.py [--clients 1,4,8,16] [--turns 20] [--max-tokens 16]
+       [--rounds 1] [--soak-turns 0] [--budget-s 900] [--out FILE.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import httpx
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+
+_LISTENING = re.compile(r"listening on (http://127\.0\.0\.1:\d+)/v1")
+
+
+class Server:
+    """A ``sinklab serve`` process on a free loopback port (its log drained by a thread)."""
+
+    def __init__(self, args: list[str], timeout: float = 300.0) -> None:
+        cmd = [sys.executable, "-m", "sinklab.cli", "serve", "--port", "0", *args]
+        self.proc = subprocess.Popen(
+            cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        )
+        self.url: str | None = None
+        found = threading.Event()
+
+        def read() -> None:
+            assert self.proc.stdout is not None
+            for line in self.proc.stdout:
+                if (m := _LISTENING.search(line)) and not found.is_set():
+                    self.url = m.group(1)
+                    found.set()
+
+        threading.Thread(target=read, daemon=True).start()
+        if not found.wait(timeout) or self.url is None:
+            self.stop()
+            raise SystemExit("sinklab serve did not start")
+
+    def metric(self, name: str) -> float:
+        text = httpx.get(self.url + "/metrics", timeout=30).text
+        for line in text.splitlines():
+            if line.startswith(name + " "):
+                return float(line.split()[-1])
+        raise KeyError(name)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+
+
+def prompts(n: int) -> list[str]:
+    """Lines of the embedded plays, long enough to say something."""
+    from sinklab.corpus import load_text
+
+    lines = [ln.strip() for ln in load_text().text.splitlines() if len(ln.strip()) > 30]
+    return lines[:n]
+
+
+def turn(http: httpx.Client, url: str, model: str, sid: str, text: str, max_tokens: int) -> dict:
+    """One streamed turn -> {ttft, gaps, tokens}."""
+    body = {
+        "model": model,
+        "messages": [{"role": "user", "content": text}],
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+        "session_id": sid,
+    }
+    t0 = time.perf_counter()
+    stamps, tokens = [], 0
+    with http.stream("POST", url + "/v1/chat/completions", json=body) as resp:
+        resp.raise_for_status()
+        for line in resp.iter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            ev = json.loads(line[6:])
+            if "error" in ev:
+                raise RuntimeError(ev["error"]["message"])
+            if ev.get("usage"):
+                tokens = ev["usage"]["completion_tokens"]
+            if any(c.get("delta", {}).get("content") for c in ev.get("choices", [])):
+                stamps.append(time.perf_counter())
+    if not stamps:
+        return {"ttft": None, "gaps": [], "tokens": tokens, "seconds": time.perf_counter() - t0}
+    gaps = [b - a for a, b in itertools.pairwise(stamps)]
+    return {"ttft": stamps[0] - t0, "gaps": gaps, "tokens": tokens, "seconds": stamps[-1] - t0}
+
+
+def pct(values: list[float], q: float) -> float | None:
+    if not values:
+        return None
+    v = sorted(values)
+    return v[min(len(v) - 1, int(q * len(v)))]
+
+
+def load_arm(n: int, args: argparse.Namespace, texts: list[str]) -> dict:
+    server = Server([*args.server_args, "--max-batch", str(max(n, 1))])
+    model = httpx.get(server.url + "/v1/models", timeout=30).json()["data"][0]["id"]
+    results: list[dict] = []
+    lock = threading.Lock()
+    deadline = time.monotonic() + args.budget_s
+
+    def client(i: int) -> None:
+        with httpx.Client(timeout=300) as http:
+            for k in range(args.turns):
+                if time.monotonic() > deadline:
+                    return
+                text = texts[(i * 7 + k) % len(texts)]
+                r = turn(http, server.url, model, f"c{i}", text, args.max_tokens)
+                with lock:
+                    results.append(r)
+
+    t0 = time.perf_counter()
+    threads = [threading.Thread(target=client, args=(i,)) for i in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(args.budget_s + 300)
+    wall = time.perf_counter() - t0
+    peak = server.metric("sinklab_batch_size_peak")
+    rss = server.metric("sinklab_rss_bytes")
+    server.stop()
+    tokens = sum(r["tokens"] for r in results)
+    ttft = [r["ttft"] for r in results if r["ttft"] is not None]
+    gaps = [g for r in results for g in r["gaps"]]
+    return {
+        "clients": n,
+        "turns_done": len(results),
+        "completion_tokens": tokens,
+        "wall_s": round(wall, 2),
+        "tokens_per_s": round(tokens / wall, 3),
+        "ttft_p50_s": pct(ttft, 0.5),
+        "ttft_p95_s": pct(ttft, 0.95),
+        "token_latency_p50_s": pct(gaps, 0.5),
+        "token_latency_p95_s": pct(gaps, 0.95),
+        "batch_size_peak": peak,
+        "rss_mb_end": round(rss / 2**20, 1),
+    }
+
+
+def soak(args: argparse.Namespace, texts: list[str]) -> dict:
+    server = Server([*args.server_args, "--max-batch", "1"])
+    model = httpx.get(server.url + "/v1/models", timeout=30).json()["data"][0]["id"]
+    lat, rss = [], []
+    deadline = time.monotonic() + args.budget_s
+    with httpx.Client(timeout=300) as http:
+        for k in range(args.soak_turns):
+            if time.monotonic() > deadline:
+                break
+            t0 = time.perf_counter()
+            r = turn(http, server.url, model, "soak", texts[k % len(texts)], args.soak_max_tokens)
+            lat.append({"seconds": time.perf_counter() - t0, "tokens": r["tokens"]})
+            if k % 10 == 0:
+                rss.append((k, server.metric("sinklab_rss_bytes") / 2**20))
+        info = http.get(server.url + "/v1/sessions/soak", timeout=30).json()
+    server.stop()
+    per_token = [x["seconds"] / max(x["tokens"], 1) for x in lat]
+    first, last = per_token[:100], per_token[-100:]
+    rss_first = [m for k, m in rss if k < 100]
+    rss_last = [m for k, m in rss if k >= len(lat) - 100]
+    return {
+        "turns_done": len(lat),
+        "tokens_seen": info["tokens_seen"],
+        "kept": info["kept"],
+        "turn_s_median_first_100": statistics.median(x["seconds"] for x in lat[:100]),
+        "turn_s_median_last_100": statistics.median(x["seconds"] for x in lat[-100:]),
+        "s_per_token_median_first_100": statistics.median(first),
+        "s_per_token_median_last_100": statistics.median(last),
+        "rss_mb_first_100": statistics.median(rss_first),
+        "rss_mb_last_100": statistics.median(rss_last),
+        "rss_mb_every_10_turns": [[k, round(m, 1)] for k, m in rss],
+    }
+
+
+def main(argv: list[str] | None = None) -> dict:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--clients", default="1,4,8,16")
+    p.add_argument("--turns", type=int, default=20)
+    p.add_argument("--max-tokens", type=int, default=16)
+    p.add_argument("--rounds", type=int, default=1)
+    p.add_argument("--soak-turns", type=int, default=0)
+    p.add_argument("--soak-max-tokens", type=int, default=8)
+    p.add_argument("--budget-s", type=float, default=900.0, help="per arm; stops new turns")
+    p.add_argument("--n-sink", type=int, default=4)
+    p.add_argument("--window", type=int, default=252)
+    p.add_argument("--model", default=None)
+    p.add_argument("--out", type=Path, default=None)
+    args = p.parse_args(argv)
+    args.server_args = ["--n-sink", str(args.n_sink), "--window", str(args.window)]
+    if args.model:
+        args.server_args += ["--model", args.model]
+    texts = prompts(400)
+    ns = [int(x) for x in args.clients.split(",") if x]
+    rounds: list[list[dict]] = []
+    for r in range(args.rounds):
+        order = ns if r % 2 == 0 else ns[::-1]
+        rounds.append([load_arm(n, args, texts) for n in order])
+    arms = {}
+    for n in ns:
+        runs = [a for rnd in rounds for a in rnd if a["clients"] == n]
+        keys = [k for k in runs[0] if isinstance(runs[0][k], float | int) and k != "clients"]
+        arms[str(n)] = {k: statistics.median(a[k] for a in runs if a[k] is not None) for k in keys}
+    one = arms.get("1", {}).get("tokens_per_s")
+    for a in arms.values():
+        a["speedup_vs_1"] = round(a["tokens_per_s"] / one, 2) if one else None
+    from sinklab.meta import versions, write_json_atomic
+
+    out = {
+        "benchmark": "serve_load",
+        "params": {k: v for k, v in vars(args).items() if k not in ("out", "server_args")},
+        "arms": arms,
+        "rounds": rounds,
+        "soak": soak(args, texts) if args.soak_turns else None,
+        "nproc": os.cpu_count(),
+        "load_average_at_end": list(os.getloadavg()),
+        "versions": versions(),
+    }
+    if args.out:
+        write_json_atomic(args.out, out)
+    print(json.dumps(out, indent=1))
+    return out
+
+
+if __name__ == "__main__":
+    main()
