@@ -133,6 +133,7 @@ class Engine:
                 self.log(f"engine error: {type(err).__name__}: {err}")
                 for job in list(self.active):
                     self._fail(job, ApiError(500, "the server failed to decode", "server_error"))
+                self.active.clear()
                 self.batch = StreamBatch(self.model, self.cache_config)
             self.metrics.set_batch(len(self.active))
 
@@ -161,6 +162,10 @@ class Engine:
             job.opened = chat.begin(job.new)
         except SinklabError as err:
             self._fail(job, ApiError(400, str(err), code="invalid_conversation"))
+            return
+        except Exception as err:  # the job is not in the batch yet: answer it here
+            self.log(f"session {job.session.id}: prefill failed: {type(err).__name__}: {err}")
+            self._fail(job, ApiError(500, "the server failed to read the turn", "server_error"))
             return
         self.metrics.add_prompt(job.opened.prompt_tokens)
         job.detok = TextStream(self.tok)
@@ -246,6 +251,10 @@ class Engine:
                     code="insufficient_storage",
                 ),
             )
+            return
+        except Exception as err:
+            self.log(f"session {session.id}: turn {chat.turns} not saved ({err})")
+            self._fail(job, ApiError(500, "the turn could not be saved", "server_error"))
             return
         session.state = state
         with self.lock:
