@@ -124,6 +124,7 @@ def load_arm(n: int, args: argparse.Namespace, texts: list[str]) -> dict:
     server = Server([*args.server_args, "--max-batch", str(max(n, 1))])
     model = httpx.get(server.url + "/v1/models", timeout=30).json()["data"][0]["id"]
     results: list[dict] = []
+    failed: list[str] = []
     lock = threading.Lock()
     deadline = time.monotonic() + args.budget_s
 
@@ -133,7 +134,12 @@ def load_arm(n: int, args: argparse.Namespace, texts: list[str]) -> dict:
                 if time.monotonic() > deadline:
                     return
                 text = texts[(i * 7 + k) % len(texts)]
-                r = turn(http, server.url, model, f"c{i}", text, args.max_tokens)
+                try:
+                    r = turn(http, server.url, model, f"c{i}", text, args.max_tokens)
+                except (httpx.HTTPError, RuntimeError) as err:  # a timeout under load: counted
+                    with lock:
+                        failed.append(f"{type(err).__name__}: {err}")
+                    continue
                 with lock:
                     results.append(r)
 
@@ -153,6 +159,8 @@ def load_arm(n: int, args: argparse.Namespace, texts: list[str]) -> dict:
     return {
         "clients": n,
         "turns_done": len(results),
+        "turns_failed": len(failed),
+        "failures": sorted(set(failed))[:5],
         "completion_tokens": tokens,
         "wall_s": round(wall, 2),
         "tokens_per_s": round(tokens / wall, 3),
@@ -225,7 +233,11 @@ def main(argv: list[str] | None = None) -> dict:
     arms = {}
     for n in ns:
         runs = [a for rnd in rounds for a in rnd if a["clients"] == n]
-        keys = [k for k in runs[0] if isinstance(runs[0][k], float | int) and k != "clients"]
+        keys = [
+            k
+            for k in runs[0]
+            if isinstance(runs[0][k], float | int) and k != "clients" and runs[0][k] is not None
+        ]
         arms[str(n)] = {k: statistics.median(a[k] for a in runs if a[k] is not None) for k in keys}
     one = arms.get("1", {}).get("tokens_per_s")
     for a in arms.values():

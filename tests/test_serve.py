@@ -222,8 +222,8 @@ def test_refusals_are_openai_errors(server):
         assert gone.status_code == 200 and gone.json()["deleted"] is True
         assert http.post(url, json={**ok, "session_id": "late"}, headers=b).status_code == 200
         metrics = http.get(server.url + "/metrics", headers=a).text
-        for j in range(1, i):  # make room for the tests after this one
-            assert http.delete(server.base + f"/sessions/fill{j}", headers=b).status_code == 200
+        for name in ["late", *(f"fill{j}" for j in range(1, i))]:  # room for the next tests
+            assert http.delete(server.base + f"/sessions/{name}", headers=b).status_code == 200
     assert int(_metric(metrics, "sinklab_sessions")) == 8
     assert 'sinklab_requests_total{status="401"}' in metrics
     assert float(_metric(metrics, "sinklab_rss_bytes")) > 1e6
