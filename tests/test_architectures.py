@@ -66,16 +66,6 @@ ROWS = {**{f: (f, {}) for f in FAMILIES}, **VARIANTS}
 
 _NO_INTERFACE = "does not dispatch attention through transformers' AttentionInterface"
 #: (row, feature) -> a phrase the one-line refusal must contain
-_MIXED = "sliding-window or NoPE layers"
-_HYBRIDS = (
-    "gemma2",
-    "gemma3_text",
-    "olmo3",
-    "cohere2",
-    "gpt_oss",
-    "qwen3 (sliding window)",
-    "ministral",
-)
 _CACHE = {  # the sink cache's refusals (chunked streaming builds one first: the same)
     "gpt2": "learned absolute position embeddings",
     "opt": "learned absolute position embeddings",
@@ -91,7 +81,6 @@ REFUSED = {
         for f in ("probe", "ablate mask-sink", "stream chunked")
     },
     **{(r, f): _NO_INTERFACE for f in ("probe", "ablate mask-sink") for r in ("falcon (alibi)",)},
-    **{(r, "stream chunked"): _MIXED for r in (*_HYBRIDS, "smollm3")},
     **{(r, "sink cache"): why for r, why in _CACHE.items()},
     **{(r, "stream chunked"): why for r, why in _CACHE.items()},
     **{(r, "stream (default)"): why for r, why in _CACHE.items()},
@@ -133,11 +122,13 @@ def render(results: dict[tuple[str, str], str]) -> str:
         "  logits, and masking the sink in every layer leaves attention on it only from query 0;",
         "- **stream dense**: the dense policy's losses equal the model's own;",
         "- **stream chunked**: `stream --method chunked` (8 queries a forward) equals the",
-        "  token-by-token step loop to 1e-4 (sink policy, 2 + 6, 40 tokens);",
+        "  token-by-token step loop to 1e-4 (sink policy, 2 + 6, 40 tokens); on hybrid models",
+        "  sliding layers read the model's own window band and global layers the sinks + window,",
+        "  NoPE layers score the sinks unrotated, gpt-oss's learned sink logits join each softmax;",
         "- **stream (default)**: `sinklab stream` with its default `--method auto` (chunked",
         "  where chunked streaming serves the model, else the step loop; the cell names which)",
         "  runs, and its NLLs equal the step loop's to 1e-4 (sink policy, 2 + 6, 24 tokens).",
-        "  Hybrid sliding-window models and NoPE layers stream this way with the step loop.",
+        "  Only models chunked streaming refuses stream this way with the step loop.",
         "",
         "A refusal is a one-line error naming the reason; nothing is listed as working",
         "without a test.",

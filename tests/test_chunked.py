@@ -63,12 +63,12 @@ EVERY_POLICY = [  # (policy, n_sink, window, sink-auto positions, chunk)
 SIZES = [("sink", 1, 5, None, 40), ("sink", 4, 8, None, 5), ("sink-auto", 2, 9, (0, 10), 16)]
 
 
-def _check(model, ids, policy, n_sink, window, auto, chunk):
+def _check(model, ids, policy, n_sink, window, auto, chunk, tol=TOL):
     cfg = CacheConfig(policy, n_sink, window, auto)
     want, most, _ = stream_nll(model, ids, cfg)
     got, got_most, _ = chunked_nll(model, ids, cfg, chunk)
     err = float((got - want).abs().max())
-    assert err <= TOL, (policy, n_sink, window, chunk, err)
+    assert err <= tol, (policy, n_sink, window, chunk, err)
     assert got_most == most
 
 
@@ -135,6 +135,92 @@ def test_chunked_restores_the_attention_implementation(models):
     assert model.config._attn_implementation == before
 
 
+# ------------------------------------------------------- hybrid sliding-window, NoPE, sink logits
+HYBRIDS = ("gemma2", "gemma3_text", "gpt_oss", "olmo3", "cohere2")  # sliding 6 + global layers
+HYBRID_CASES = [  # (policy, n_sink, window, sink-auto positions, chunk): 40 tokens evict
+    *EVERY_POLICY,
+    ("sink", 2, 10, None, 16),  # the sink cache wider than the sliding window
+    ("sink", 1, 3, None, 5),  # narrower
+]
+
+
+def _loaded(family: str, **overrides):
+    """A tiny archs model with the attention implementation sinklab's loader picks for it
+    (gemma2 and gpt-oss: sinklab's registered function, for soft-capping and sink logits)."""
+    from archs import arch_model
+    from sinklab.models.arch import attn_implementation
+    from sinklab.seam import register
+
+    register()
+    model = arch_model(family, seed=1, **overrides)
+    model.set_attn_implementation(attn_implementation(type(model)))
+    return model
+
+
+@pytest.mark.parametrize("family", HYBRIDS)
+def test_band_equals_step_on_hybrids_every_policy(family):
+    """Sliding layers keep the model's own window band, global layers the sinks + window: the
+    step loop's NLLs for every policy (dense: the model's own window on sliding layers)."""
+    model = _loaded(family)
+    for case in HYBRID_CASES:
+        _check(model, _ids(40) % 120, *case, tol=1e-4)
+
+
+@pytest.mark.parametrize(
+    ("family", "overrides"),
+    [("smollm3", {}), ("gpt_oss", {"layer_types": ["full_attention"] * 2})],
+)
+def test_band_equals_step_on_nope_layers_and_learned_sinks(family, overrides):
+    """SmolLM3's NoPE layer (keys carry no position: sinks scored unrotated) and gpt-oss's
+    learned sink logits without windows, every policy."""
+    model = _loaded(family, **overrides)
+    for case in HYBRID_CASES:
+        _check(model, _ids(40) % 120, *case, tol=1e-4)
+
+
+@pytest.mark.parametrize("family", ("gemma3_text", "gpt_oss"))
+def test_hybrid_positions_rebase_like_the_step_loop(family):
+    """max_position_embeddings 24, 90 tokens: both loops restart positions; the sliding layers'
+    kept keys are rotated back by their own RoPE (Gemma 3: a local base of its own)."""
+    model = _loaded(family, max_position_embeddings=24)
+    for case in [("sink", 2, 6, None, 5), ("sink-auto", 3, 17, (1, 4, 7), 64)]:
+        _check(model, _ids(90) % 120, *case, tol=1e-4)
+
+
+def test_the_hybrid_equality_is_sensitive(monkeypatch):
+    """What the tolerance separates on hybrids: sliding layers scored with the sinks + window of
+    the global ones, gpt-oss's sink logits left out, and a NoPE layer's sinks rotated."""
+    import sinklab.stream.band as band
+
+    ids, cfg = _ids(40) % 120, CacheConfig("sink", 2, 6)
+    real_bands, real_attend = band.layer_bands, band.BandState.attend
+
+    def err(model) -> float:
+        want, _, _ = stream_nll(model, ids, cfg)
+        got, _, _ = chunked_nll(model, ids, cfg, 8)
+        return float((got - want).abs().max())
+
+    def as_global(model, cache):  # every layer keeps sinks + window (the old refusal's reason)
+        return [band.LayerBand(cfg.sinks, cfg.recent, cache.rope) for _ in real_bands(model, cache)]
+
+    def without_sink_logits(self, *args, sink_logit=None):
+        return real_attend(self, *args[:6])
+
+    def all_rotated(model, cache):
+        return [band.LayerBand(b.sinks, b.recent, cache.rope) for b in real_bands(model, cache)]
+
+    gemma3, gpt_oss = _loaded("gemma3_text"), _loaded("gpt_oss")
+    smollm3 = _loaded("smollm3")
+    assert max(err(gemma3), err(gpt_oss), err(smollm3)) <= 1e-4
+    monkeypatch.setattr(band, "layer_bands", as_global)
+    assert min(err(gemma3), err(gpt_oss)) > 1000 * TOL
+    monkeypatch.setattr(band, "layer_bands", all_rotated)
+    assert err(smollm3) > 100 * TOL
+    monkeypatch.setattr(band, "layer_bands", real_bands)
+    monkeypatch.setattr(band.BandState, "attend", without_sink_logits)
+    assert err(gpt_oss) > 1000 * TOL
+
+
 # ------------------------------------------------------------------------- refusals
 def _message(fn) -> str:
     with pytest.raises(SinklabError) as info:
@@ -163,9 +249,9 @@ def test_chunked_refuses_what_the_cache_refuses(tiny_model_factory, family, over
 REFUSAL_ROWS = [  # (archs family, overrides, a phrase of the refusal; None: chunked serves it)
     ("llama", {}, None),
     ("mistral", {"sliding_window": 9}, None),  # every layer slides, 2 + 6 fits inside 9
-    ("gemma2", {}, "sliding-window or NoPE layers"),  # hybrid: sliding + global layers
-    ("smollm3", {}, "sliding-window or NoPE layers"),  # a NoPE layer
-    ("gpt_oss", {"layer_types": ["full_attention"] * 2}, "learned sink logits"),  # no window
+    ("gemma2", {}, None),  # hybrid: sliding + global layers (test_band_equals_step_on_hybrids)
+    ("smollm3", {}, None),  # a NoPE layer
+    ("gpt_oss", {"layer_types": ["full_attention"] * 2}, None),  # learned sink logits, no window
     ("falcon", {}, "does not dispatch attention"),
     ("gpt2", {}, "learned absolute position embeddings"),  # the sink cache's own refusal
 ]
@@ -200,29 +286,29 @@ def test_chunked_refusal_is_the_one_decision_made_before_any_forward(family, ove
     assert method == "step" and why == "auto: " + reason.split("; ")[0]
 
 
-def test_auto_runs_the_batched_oracle_on_a_hybrid_when_it_streams_alone():
-    """The oracle has no cache, so auto picks chunked (its batched windows) for recompute alone,
-    even on gemma2 (sliding + global layers), where that equals one window per forward; with a
-    cached policy beside it (dense included: chunked scores every layer as global), step."""
-    from archs import arch_model
+def test_a_lab_attention_variant_is_refused_with_its_reason(tiny_model_factory):
+    """The one attention chunked streaming does not serve: a lab variant (here softmax1, which
+    the seam honours on any module that names it); refused before any forward, step instead."""
+    from sinklab.models.arch import attention_modules
+    from sinklab.stream.band import chunked_refusal
 
-    model, ids = arch_model("gemma2"), _ids(30) % 120
-    assert StreamConfig(("recompute",), 2, 6, 30).choose_method(model)[0] == "chunked"
-    for other in ("dense", "sink"):
-        assert StreamConfig(("recompute", other), 2, 6, 30).choose_method(model)[0] == "step"
-    want, _, _ = recompute_nll(model, ids, 2, 6, 3)
-    got, _, _ = recompute_nll_batched(model, ids, 2, 6, 3, 4)
-    assert torch.equal(got.isnan(), want.isnan())
-    assert float((got - want).nan_to_num().abs().max()) <= TOL
+    model, cfg = tiny_model_factory("llama"), CacheConfig("sink", 2, 6)
+    for m in attention_modules(model):
+        m.attention_variant = "softmax1"
+    reason = chunked_refusal(model, cfg)
+    assert reason is not None and "another attention variant" in reason and "\n" not in reason
+    assert _message(lambda: chunked_nll(model, _ids(10), cfg)) == reason
+    method, why = StreamConfig(("sink",), 2, 6, 24).choose_method(model)
+    assert method == "step" and why.startswith("auto: chunked streaming: LlamaAttention uses")
 
 
 @pytest.mark.parametrize(
-    ("family", "method"), [("gpt2", "chunked"), ("gemma2", "step"), ("bloom", "step")]
+    ("family", "method"), [("gpt2", "chunked"), ("gemma2", "chunked"), ("bloom", "step")]
 )
 def test_dense_alone_streams_by_auto_on_models_whose_keys_cannot_move(family, method):
     """dense moves no key: auto streams it on absolute-position models by chunked (positions are
-    the stream's), on hybrids (chunked scores sliding layers as global) and on models outside
-    AttentionInterface by step; every way, the model's own next-token losses."""
+    the stream's), on hybrids by chunked (sliding layers read the model's own window) and on
+    models outside AttentionInterface by step; every way, the model's own next-token losses."""
     from archs import arch_model
     from sinklab.models.arch import attn_implementation
     from sinklab.seam import register

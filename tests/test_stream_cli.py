@@ -9,6 +9,7 @@ import math
 from pathlib import Path
 
 import pytest
+import torch
 
 from archs import save_arch_model
 from helpers import one_line_error, run_main
@@ -147,33 +148,62 @@ def test_model_mistakes_exit_2(capsys, tiny_model_dir, family, args, needle):
         one_line_error(code, err, needle)
 
 
-def test_hybrid_model_streams_by_default_with_the_step_nlls(capsys, tmp_path, hybrid_dir):
-    """Gemma 2 (sliding + global layers): chunked refuses it, so the default (auto) runs step,
-    says why, and gives exactly ``--method step``'s numbers."""
+def _stream_both(capsys, tmp_path, folder, methods) -> dict:
+    """``sinklab stream`` on ``folder`` once per method ("auto": no --method) -> JSON per method;
+    each says on stderr which method ran and why."""
     got = {}
-    for method in ("auto", "step"):
+    for method in methods:
         out = tmp_path / method
         args = [*STREAM, "--policy", "dense,sink,recompute", "--recompute-every", "5"]
         args += ["--out", str(out)]
-        extra = [] if method == "auto" else ["--method", "step"]
-        code, _, err = run_main(capsys, "stream", "--model", str(hybrid_dir), *args, *extra)
+        extra = [] if method == "auto" else ["--method", method]
+        code, _, err = run_main(capsys, "stream", "--model", str(folder), *args, *extra)
         assert code == 0, err
         got[method] = json.loads((out / "stream.json").read_text())
-        reason = got[method]["method_reason"]
-        assert " ".join(err.split()).startswith(f"method: step ({reason}) ")
+        ran, reason = got[method]["method"], got[method]["method_reason"]
+        assert " ".join(err.split()).startswith(f"method: {ran} ({reason}) ")
         assert (out / "block_ppl.png").stat().st_size > 1000
+    return got
+
+
+def test_hybrid_model_streams_by_default_chunked_with_the_step_nlls(capsys, tmp_path, hybrid_dir):
+    """Gemma 2 (sliding + global layers): the default (auto) runs chunked (sliding layers read
+    the model's own window band), says why, and gives ``--method step``'s numbers (1e-4)."""
+    got = _stream_both(capsys, tmp_path, hybrid_dir, ("auto", "step"))
+    auto, step = got["auto"], got["step"]
+    assert (auto["method"], step["method"]) == ("chunked", "step")
+    assert auto["method_reason"].startswith("auto: chunked serves this model")
+    assert step["method_reason"] == "asked for"
+    for name, r in step["policies"].items():
+        a, b = (torch.tensor(x["nll"], dtype=torch.float64) for x in (auto["policies"][name], r))
+        assert len(a) == len(b) == 39, name
+        torch.testing.assert_close(a, b, atol=1e-4, rtol=0, equal_nan=True)
+        assert auto["policies"][name]["segment_ppl"] == pytest.approx(r["segment_ppl"], rel=1e-4)
+
+
+@pytest.fixture(scope="module")
+def falcon_dir(tmp_path_factory, tiny_tokenizer) -> Path:
+    """A tiny random Falcon (RoPE): the sink cache serves it, but its attention does not go
+    through transformers' AttentionInterface, so chunked streaming refuses it."""
+    return save_arch_model("falcon", tmp_path_factory.mktemp("tiny-falcon"), tiny_tokenizer)
+
+
+def test_a_model_chunked_refuses_streams_by_default_with_the_step_nlls(
+    capsys, tmp_path, falcon_dir
+):
+    """Falcon: chunked refuses it, so the default (auto) runs step, says why, and gives exactly
+    ``--method step``'s numbers."""
+    got = _stream_both(capsys, tmp_path, falcon_dir, ("auto", "step"))
     auto, step = got["auto"], got["step"]
     assert auto["method"] == step["method"] == "step"
-    assert auto["method_reason"].startswith("auto: chunked streaming scores every layer")
-    assert "sliding-window or NoPE layers" in auto["method_reason"]
-    assert step["method_reason"] == "asked for"
+    assert auto["method_reason"].startswith("auto: FalconForCausalLM does not dispatch attention")
     for name, r in step["policies"].items():
         assert auto["policies"][name]["nll"] == r["nll"] and len(r["nll"]) == 39, name
         assert auto["policies"][name]["segment_ppl"] == r["segment_ppl"], name
 
 
-def test_method_chunked_on_a_hybrid_is_refused_before_any_work(
-    capsys, tmp_path, hybrid_dir, monkeypatch
+def test_method_chunked_on_a_model_it_refuses_is_refused_before_any_work(
+    capsys, tmp_path, falcon_dir, monkeypatch
 ):
     import sinklab.stream.evaluate
 
@@ -182,8 +212,8 @@ def test_method_chunked_on_a_hybrid_is_refused_before_any_work(
 
     monkeypatch.setattr(sinklab.stream.evaluate, "streaming_perplexity", no_run)
     code, _, err = run_main(
-        capsys, "stream", "--model", str(hybrid_dir), *STREAM, "--method", "chunked",
+        capsys, "stream", "--model", str(falcon_dir), *STREAM, "--method", "chunked",
         "--out", str(tmp_path / "s"),
     )  # fmt: skip
-    one_line_error(code, err, "sliding-window or NoPE layers; use --method step")
+    one_line_error(code, err, "AttentionInterface, so sinklab cannot capture")
     assert not (tmp_path / "s").exists()

@@ -1,9 +1,9 @@
 """Chunked streaming evaluation: StreamingLLM's token-by-token NLLs, computed C queries at a time.
 
-Why it is exact. In the step loop (:func:`~sinklab.stream.evaluate.stream_nll`)
- every token's keys and
-values at every layer are computed once, when it is read, from what it attended to then: the kept
-positions plus itself, at cache-relative positions. With the sink cache, what query ``t`` reads is
+Why it is exact. In the step loop (:func:`~sinklab.stream.evaluate.stream_nll`) every token's
+keys and values at every layer are computed once, when it is read, from what it attended to then:
+the kept positions plus itself, at cache-relative positions. With the sink cache, what query ``t``
+reads is
 
 * the contiguous run ``lo(t) .. t`` (the recent window, any sink inside it, and ``t`` itself), at
   the distances ``t - p`` the text gives them, and
@@ -19,9 +19,17 @@ the chunk, and the detached sinks are scored with the query rotated back by
 stream's positions (as the step loop does); only attention goes through the function registered
 here with transformers' ``AttentionInterface`` (:data:`BAND_ATTN`), and the rotation is
 :class:`~sinklab.models.rotary.Rope`'s.
-Memory: the kept keys and values (the recent window and the sinks
-per layer) plus one chunk's ``C x (kept + C)`` scores; never ``T x T``. ``dense`` keeps every key
-(as its cache does) and scores ``C x t`` per chunk.
+
+Layer by layer (:func:`layer_bands`), as the step loop's cache layers keep them: a hybrid model's
+sliding layer (Gemma 2/3, gpt-oss, OLMo 3, Cohere 2) keeps the model's own window of ``W``
+tokens, so its band is ``lo(t) = t - W + 1`` with no sinks and its keys are never moved but by a
+rebase (with that layer type's RoPE); a NoPE layer (SmolLM3) scores its sinks unrotated;
+gpt-oss's learned sink logits join every row's softmax as one more key with no value. Layers with
+the same band share one plan per chunk.
+
+Memory: the kept keys and values (the recent window and the sinks per layer) plus one chunk's
+``C x (kept + C)`` scores; never ``T x T``. ``dense`` keeps every key (as its cache does) and
+scores ``C x t`` per chunk.
 """
 
 from __future__ import annotations
@@ -37,6 +45,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from sinklab.attention import sink_softmax
 from sinklab.errors import SinklabError
 from sinklab.models.arch import attention_modules, decoder_config, input_device, layer_kinds
 from sinklab.models.rotary import Rope
@@ -101,24 +110,75 @@ def plan_chunk(
 
 
 # ------------------------------------------------------------------ per-layer state
-class BandState:
-    """The kept keys/values of every layer between chunks: recent positions ``p0..t0-1`` (as the
-    model rotated them, at their own positions) and the sinks (rotated to their indices j)."""
+@dataclass(frozen=True)
+class LayerBand:
+    """What one layer's queries read, as the step loop's cache layer gives it: the ``sinks``
+    plus the ``recent`` most recent other positions (None: every position), keys rotated by
+    ``rope`` (None: nothing is ever rotated: a NoPE layer, or ``dense``, which moves no key)."""
 
-    def __init__(self, rope: Rope, n_layers: int) -> None:
-        self.rope = rope
+    sinks: tuple[int, ...]
+    recent: int | None
+    rope: Rope | None
+
+
+def layer_bands(model: nn.Module, cache: SinkCache) -> list[LayerBand]:
+    """Per layer, what the step loop through ``cache`` lets its queries read.
+
+    * a layer whose own sliding window of ``W`` tokens the step loop applies (a hybrid model's
+      sliding layer under a bounded cache: transformers' ``DynamicSlidingWindowLayer``, keys
+      never moved; or any windowed layer under ``dense``: the model's own mask over every key)
+      reads the ``W - 1`` positions before the query, no sinks, keys as the model rotated them;
+    * every other layer reads the sink cache's sinks + recent window; where every layer slides
+      (Mistral v0.1) the sink cache fits inside the model's window
+      (:func:`~sinklab.models.arch.check_windows`), which therefore never cuts it."""
+    kinds = layer_kinds(decoder_config(model))
+    bounded = cache.capacity is not None
+    bands = []
+    for kind in kinds:
+        if kind.window is not None and (cache.hybrid or not bounded):
+            rope = cache.sliding_rope if kind.rotary else None
+            bands.append(LayerBand((), kind.window - 1, rope))
+        else:
+            rope = cache.rope if kind.rotary else None
+            bands.append(LayerBand(cache.config.sinks, cache.config.recent, rope))
+    return bands
+
+
+class BandState:
+    """The kept keys/values of every layer between chunks: recent positions ``p0..t0-1`` of the
+    layer's band (as the model rotated them, at their own positions) and the sinks (rotated to
+    their indices j). Layers with the same band share one plan per chunk."""
+
+    def __init__(self, bands: list[LayerBand]) -> None:
+        self.bands = bands
+        self.groups = list(dict.fromkeys((b.sinks, b.recent) for b in bands))
+        self.group = [self.groups.index((b.sinks, b.recent)) for b in bands]
+        self.p0 = [0] * len(self.groups)  # per group: first stored recent position
+        n_layers = len(bands)
         self.k: list[Tensor | None] = [None] * n_layers
         self.v: list[Tensor | None] = [None] * n_layers
         self.sink_k: list[Tensor | None] = [None] * n_layers
         self.sink_v: list[Tensor | None] = [None] * n_layers
-        self.plan: ChunkPlan | None = None
+        self.plans: list[ChunkPlan] = []
+
+    def plan(self, t0: int, t1: int, base: int) -> None:
+        """Plan the chunk of queries ``t0..t1-1`` (read at positions ``t - base``), per group."""
+        self.plans = [
+            plan_chunk(t0, t1, p0, sinks, recent, base)
+            for p0, (sinks, recent) in zip(self.p0, self.groups, strict=True)
+        ]
+
+    def advance(self) -> None:
+        """After the chunk: each group keeps from the first position the next chunk needs."""
+        self.p0 = [p.p0_next for p in self.plans]
 
     def rebase(self, shift: int) -> None:
-        """Positions restart lower by ``shift``: rotate every layer's recent keys back (O(kept),
-        once; the sinks live at their indices and do not move)."""
+        """Positions restart lower by ``shift``: rotate every layer's recent keys back, each by
+        its own RoPE (O(kept), once; the sinks live at their indices and do not move)."""
         for i, k in enumerate(self.k):
-            if k is not None and k.shape[-2]:
-                self.k[i] = self.rope.shift(k, torch.full((k.shape[-2],), -shift))
+            rope = self.bands[i].rope
+            if k is not None and k.shape[-2] and rope is not None:
+                self.k[i] = rope.shift(k, torch.full((k.shape[-2],), -shift))
 
     def kept_bytes(self) -> int:
         tensors = [*self.k, *self.v, *self.sink_k, *self.sink_v]
@@ -132,17 +192,19 @@ class BandState:
         value: Tensor,
         scale: float,
         softcap: float | None,
+        sink_logit: Tensor | None = None,
     ) -> Tensor:
-        """query (B, H, C, D), key/value (B, Hkv, C, D) of the chunk -> output (B, H, C, D)."""
-        plan = self.plan
-        assert plan is not None, "no chunk planned"
+        """query (B, H, C, D), key/value (B, Hkv, C, D) of the chunk -> output (B, H, C, D).
+        ``sink_logit`` (H,): gpt-oss's learned logit of an extra key with no value."""
+        assert self.plans, "no chunk planned"
+        plan, rope = self.plans[self.group[layer]], self.bands[layer].rope
         if plan.new_sinks:  # index j among all sinks; shift from own position s to j
             j0 = len(plan.sinks) - len(plan.new_sinks)
             at = torch.tensor([s - plan.t0 for s in plan.new_sinks], device=key.device)
             nk, nv = key.index_select(-2, at), value.index_select(-2, at)
             delta = torch.tensor([j0 + i - s for i, s in enumerate(plan.new_sinks)])
-            if bool(delta.any()):
-                nk = self.rope.shift(nk, delta)
+            if rope is not None and bool(delta.any()):
+                nk = rope.shift(nk, delta)
             old_k, old_v = self.sink_k[layer], self.sink_v[layer]
             self.sink_k[layer] = nk if old_k is None else torch.cat((old_k, nk), -2)
             self.sink_v[layer] = nv if old_v is None else torch.cat((old_v, nv), -2)
@@ -152,15 +214,16 @@ class BandState:
         keep = plan.p0_next - plan.p0
         self.k[layer], self.v[layer] = kb[:, :, keep:], vb[:, :, keep:]
         band = plan.band.to(query.device)
-        if plan.sink_mask is None and softcap is None:
+        if plan.sink_mask is None and softcap is None and sink_logit is None:
             out = F.scaled_dot_product_attention(
                 query, kb, vb, attn_mask=band, scale=scale, enable_gqa=True
             )
             return out
-        return self._attend_with_sinks(layer, query, kb, vb, band, scale, softcap)
+        return self._attend_with_sinks(layer, plan, query, kb, vb, band, scale, softcap, sink_logit)
 
-    def _attend_with_sinks(self, layer, query, kb, vb, band, scale, softcap) -> Tensor:
-        plan = self.plan
+    def _attend_with_sinks(
+        self, layer, plan, query, kb, vb, band, scale, softcap, sink_logit
+    ) -> Tensor:
         b, h, c, d = query.shape
         hkv = kb.shape[1]
         grouped = (b, hkv, (h // hkv) * c, d)  # query head h reads kv head h // (H / Hkv)
@@ -169,16 +232,21 @@ class BandState:
         if plan.sink_mask is not None:
             sk, sv = self.sink_k[layer], self.sink_v[layer]
             assert sk is not None and sv is not None and plan.off is not None
-            qs = self.rope.shift(query * scale, -plan.off)  # each row at position n_kept(t)
+            rope = self.bands[layer].rope
+            qs = query * scale if rope is None else rope.shift(query * scale, -plan.off)
             sink_scores = qs.reshape(grouped) @ sk.transpose(-1, -2)  # (B, Hkv, r*C, S)
             scores = torch.cat((sink_scores, scores), -1)
             masks, values = [plan.sink_mask.to(query.device), band], [sv, vb]
-        mask = torch.cat(masks, -1).repeat(h // hkv, 1)  # (r*C, S + K)
+        mask = torch.cat(masks, -1)  # (C, S + K), the same for every head
+        scores = scores.reshape(b, h, c, -1)  # rows of a kv group are (head, query): a view
         if softcap is not None:
             scores = softcap * torch.tanh(scores / softcap)
-        work = torch.promote_types(scores.dtype, torch.float32)
-        weights = scores.masked_fill(~mask, float("-inf")).softmax(-1, dtype=work)
-        weights = weights.to(vb.dtype)
+        if sink_logit is None:
+            work = torch.promote_types(scores.dtype, torch.float32)
+            weights = scores.masked_fill(~mask, float("-inf")).softmax(-1, dtype=work)
+        else:  # gpt-oss: one more key per head, logit sink_logit[h], no value (dropped)
+            weights = sink_softmax(scores, mask, sink_logit)
+        weights = weights.to(vb.dtype).reshape(b, hkv, -1, mask.shape[-1])
         out = weights @ torch.cat(values, -2)  # (B, Hkv, r*C, D)
         return out.reshape(b, h, c, d)
 
@@ -204,12 +272,11 @@ def band_attention_forward(
     if bound is None:
         raise SinklabError(f"{BAND_ATTN} attention used outside sinklab.stream.band.band_attention")
     state, layer = bound
-    if kwargs.get("s_aux") is not None or getattr(module, "attention_variant", "softmax") != (
-        "softmax"
-    ):
-        raise SinklabError("chunked streaming supports softmax attention only; use --method step")
+    sink_logit = kwargs.get("s_aux")  # gpt-oss's learned sink logits (H,)
+    if getattr(module, "attention_variant", "softmax") != "softmax":
+        raise SinklabError(f"chunked streaming: {VARIANT}; {STEP}")
     scale = scaling if scaling is not None else 1.0 / math.sqrt(query.shape[-1])
-    out = state.attend(layer, query, key, value, scale, kwargs.get("softcap"))
+    out = state.attend(layer, query, key, value, scale, kwargs.get("softcap"), sink_logit)
     return out.transpose(1, 2).contiguous(), None
 
 
@@ -243,39 +310,36 @@ def band_attention(model: nn.Module, state: BandState) -> Iterator[nn.Module]:
 
 
 # ------------------------------------------------------------------ what it serves
-MIXED = (
-    "chunked streaming scores every layer as global RoPE attention, and this model has "
-    "sliding-window or NoPE layers; use --method step"
-)
+STEP = "use --method step"
+VARIANT = "it serves softmax attention (and gpt-oss's learned sink logits), not the lab's variants"
 
 
 def chunked_refusal(model: nn.Module, cache_config: CacheConfig) -> str | None:
     """Why :func:`chunked_nll` cannot stream ``model`` with ``cache_config``, in one line, or None
     when it can: decided from the config and modules alone, before any forward. The reasons, in
-    the order they are checked: what :class:`SinkCache` refuses (the step loop refuses it too);
-    sliding-window or NoPE layers (every layer is scored as global RoPE attention; a sliding
-    window on every layer is served when the sink cache is bounded and fits inside it); a model
-    whose attention does not go through transformers' ``AttentionInterface``; attention that is
-    not plain softmax (gpt-oss's learned ``sinks``, the lab's variants)."""
+    the order they are checked: what :class:`SinkCache` refuses (the step loop refuses it too); a
+    model whose attention does not go through transformers' ``AttentionInterface``, or whose
+    layers' attention modules cannot be found; attention that is neither plain softmax nor
+    softmax with learned sink logits (the lab's variants). Sliding-window layers (every layer or
+    some: :func:`layer_bands`), NoPE layers and gpt-oss's sink logits are served."""
     try:
-        cache = SinkCache(model, cache_config)  # the same refusals (architecture, sizes) as step
+        SinkCache(model, cache_config)  # the same refusals (architecture, sizes) as step
     except SinklabError as exc:
         return str(exc)
-    kinds = layer_kinds(decoder_config(model))
-    windowed = any(k.window is not None for k in kinds)  # all-sliding + a sink cache: checked
-    if not all(k.rotary for k in kinds) or (windowed and (cache.hybrid or cache.capacity is None)):
-        return MIXED
     try:
         check_supported(model)
     except SinklabError as exc:
         return str(exc)
-    for m in attention_modules(model) or ():
-        variant = getattr(m, "attention_variant", "softmax")
-        if variant != "softmax" or isinstance(getattr(m, "sinks", None), Tensor):
-            return (
-                "chunked streaming supports plain softmax attention only, and this model's "
-                f"{type(m).__name__} adds learned sink logits or another variant; use --method step"
-            )
+    modules = attention_modules(model)
+    if modules is None:
+        return (
+            f"chunked streaming cannot find each layer's attention module in "
+            f"{type(model).__name__}; {STEP}"
+        )
+    for m in modules:
+        if getattr(m, "attention_variant", "softmax") != "softmax":
+            name = type(m).__name__
+            return f"chunked streaming: {name} uses another attention variant; {VARIANT}; {STEP}"
     return None
 
 
@@ -311,16 +375,15 @@ def chunked_nll(
     if reason is not None:
         raise SinklabError(reason)
     cache = SinkCache(model, cache_config)
-    n_layers = len(layer_kinds(decoder_config(model)))
     sinks, recent = cache.config.sinks, cache.config.recent
-    state = BandState(cache.rope, n_layers)
+    state = BandState(layer_bands(model, cache))
     dev = input_device(model)
     ids = ids.reshape(-1)
     n = ids.numel() - 1
     nll = torch.empty(n, dtype=torch.float64) if out is None else out
     sample = rss or (lambda: 0.0)
     bound = cache.max_position if cache.capacity is not None else None
-    peak, total, p0, base, t0 = sample(), 0.0, 0, 0, 0
+    peak, total, base, t0 = sample(), 0.0, 0, 0
     with band_attention(model, state):
         while t0 < n:
             t1 = min(n, t0 + chunk)
@@ -330,7 +393,7 @@ def chunked_nll(
                     state.rebase(shift)
                     base += shift
                 t1 = min(t1, base + bound)  # every position t - base stays below the bound
-            state.plan = plan_chunk(t0, t1, p0, sinks, recent, base)
+            state.plan(t0, t1, base)
             pos = torch.arange(t0 - base, t1 - base, device=dev)[None]
             logits = model(ids[t0:t1][None].to(dev), position_ids=pos, use_cache=False).logits
             lg = logits[0].float()
@@ -338,7 +401,8 @@ def chunked_nll(
             part = torch.logsumexp(lg, -1) - lg.gather(-1, target[:, None])[:, 0]
             nll[t0:t1] = part.double().cpu()
             total += float(part.double().sum())
-            p0, t0 = state.plan.p0_next, t1
+            state.advance()
+            t0 = t1
             peak = max(peak, sample())
             if callback is not None:
                 callback(t1, n, math.exp(total / t1))

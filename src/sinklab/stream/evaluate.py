@@ -21,8 +21,8 @@ reference); ``chunked`` reads ``chunk`` tokens per forward with a per-query band
 re-indexed sinks (:mod:`sinklab.stream.band`, exact: every token sees what it would have seen token
 by token) and batches the oracle's windows (:mod:`sinklab.stream.oracle`). ``auto`` (the default) is
 chunked where :func:`sinklab.stream.band.chunked_refusal` finds nothing against the model, else step
-(hybrid sliding-window models, NoPE layers, learned sink logits), decided before any work by
-:meth:`StreamConfig.choose_method`; the result records the method run and why.
+(models outside transformers' ``AttentionInterface``, the lab's attention variants), decided
+before any work by :meth:`StreamConfig.choose_method`; the result records the method run and why.
 """
 
 from __future__ import annotations
