@@ -151,10 +151,14 @@ def test_alibi_refusals_say_why(family, overrides, why):
 
 
 @pytest.mark.parametrize("policy", ["dense", "sink"])
-def test_chunked_refuses_sliding_and_nope_layers(policy):
-    """--method chunked scored sliding layers as global (gemma2 dense: 3 nats off, silently)."""
+def test_chunked_serves_sliding_and_nope_layers(policy):
+    """--method chunked once scored sliding layers as global (gemma2 dense: 3 nats off, silently)
+    and was refused on them; it now reads each layer's own band (every NoPE layer here)."""
     from sinklab.stream.band import chunked_nll
+    from sinklab.stream.evaluate import stream_nll
 
+    ids, cfg = torch.tensor(_ids(20)), CacheConfig(policy, 2, 6)
     for model in (arch_model("gemma2"), arch_model("smollm3", no_rope_layers=[0, 1])):
-        with pytest.raises(SinklabError, match="use --method step"):
-            chunked_nll(model, torch.tensor(_ids(20)), CacheConfig(policy, 2, 6), chunk=8)
+        got, _, _ = chunked_nll(model, ids, cfg, chunk=8)
+        want, _, _ = stream_nll(model, ids, cfg)
+        torch.testing.assert_close(got, want, atol=1e-4, rtol=0)
