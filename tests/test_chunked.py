@@ -409,30 +409,30 @@ def test_smollm2_chunked_equals_step_over_400_tokens(smollm2):
 # ----------------------------------------------------------------------- Gemma 3 270M
 @pytest.mark.integration
 def test_gemma3_270m_chunked_equals_step_on_an_evicting_stream():
-    """The real Gemma 3 270M (15 of 18 layers slide over 512 tokens, 3 are global), 4 + 28 over
-    64 tokens: the global layers evict 32 times. Then the same weights with the sliding layers'
-    window cut to 12 (config and modules, as the model reads it), so that they evict too and the
-    band of every layer type is exercised on real attention."""
+    """The real Gemma 3 270M (15 of 18 layers slide over 512 tokens, 3 are global) with its
+    sliding layers' window cut to 12 (config and modules, as the model reads it), so that in 48
+    tokens both kinds evict: the sliding layers 36 times, the global ones (4 + 20) 24 times.
+    Chunked equals step on real attention; the cut window changed what they read (chunked on the
+    model's own window differs). About 20 s on 2 idle cores, most of it the load and the steps."""
     from sinklab.corpus import load_text, token_stream
     from sinklab.models.arch import attention_modules, decoder_config, layer_kinds
     from sinklab.models.loading import load_model
 
     loaded = load_model("gemma3-270m")
-    model = loaded.model
-    ids = token_stream(load_text(), loaded.tokenizer, 64)
-    kinds = layer_kinds(decoder_config(model))
+    model, text_cfg = loaded.model, decoder_config(loaded.model)
+    ids = token_stream(load_text(), loaded.tokenizer, 48)
+    kinds = layer_kinds(text_cfg)
     assert sum(k.window == 512 for k in kinds) == 15 and len(kinds) == 18
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # one-token steps spin-wait with 2 threads on a busy machine
     try:
-        own = _check(model, ids, "sink", 4, 28, None, 24, tol=1e-4)
-        text_cfg = decoder_config(model)
+        own, _, _ = chunked_nll(model, ids, CacheConfig("sink", 4, 20), 24)
         text_cfg.sliding_window = 12
         for m in attention_modules(model):
             if m.sliding_window is not None:
                 m.sliding_window = 12
         assert sum(k.window == 12 for k in layer_kinds(text_cfg)) == 15
-        cut = _check(model, ids, "sink", 4, 28, None, 24, tol=1e-4)
-        assert float((cut - own).abs().max()) > 0.1  # the cut window changed what they read
+        cut = _check(model, ids, "sink", 4, 20, None, 24, tol=1e-4)
     finally:
         torch.set_num_threads(threads)
+    assert float((cut - own).abs().max()) > 0.1
