@@ -96,9 +96,11 @@ def main(argv: list[str] | None = None) -> dict:
     }
     result = {
         "model": args.model,
+        "text": "sinklab.corpus.load_text() (the default corpus), ids from its start",
         "policy": f"sink {args.n_sink} + {args.window}",
         "tokens": args.tokens,
         "threads": args.threads,
+        "nproc": os.cpu_count(),
         "rounds": args.rounds,
         "median": med,
         "speedup_chunked_over_step": med["chunked"]["tokens_per_s"] / med["step"]["tokens_per_s"],

@@ -125,3 +125,27 @@ def test_stream_methods_agreement_on_the_step_prefix():
     assert got["n_targets"] == 2 and got["max_abs_dnll"] == 0.5
     assert got["ppl_step"] == pytest.approx(math.exp(1.5))
     assert got["ppl_chunked"] == pytest.approx(math.exp(1.75))
+
+
+def test_stream_hybrid_runs_on_a_tiny_hybrid(tmp_path, tiny_tokenizer):
+    """benchmarks/stream_hybrid.py end to end (one round, a fresh process per method) on a tiny
+    Gemma 2 folder: both methods stream the same text and agree to 1e-4."""
+    from archs import save_arch_model
+
+    folder = save_arch_model("gemma2", tmp_path / "gemma2", tiny_tokenizer)
+    spec = importlib.util.spec_from_file_location(
+        "stream_hybrid", BENCH.parent / "stream_hybrid.py"
+    )
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    out = tmp_path / "hybrid.json"
+    args = ["--model", str(folder), "--tokens", "30", "--n-sink", "2", "--window", "6"]
+    result = module.main([*args, "--rounds", "1", "--threads", "1", "--out", str(out)])
+    assert json.loads(out.read_text()) == result
+    assert result["max_abs_dnll"] <= 1e-4
+    assert (
+        result["median"]["step"]["max_cache_len"]
+        == result["median"]["chunked"]["max_cache_len"]
+        == 8
+    )
+    assert result["speedup_chunked_over_step"] > 0
