@@ -120,7 +120,9 @@ def measure_stream(
             n_tokens=int(ids.numel()),
         )
         res = streaming_perplexity(model, ids, sc)
-        m.sizes["method"] = res.method  # what ran (auto: chunked, or step on hybrids)
+        m.sizes["method"] = (
+            res.method
+        )  # what ran (auto: chunked where it serves the model, else step)
         nll = {p: torch.tensor(r.nll[start:], dtype=torch.float64) for p, r in res.policies.items()}
         w, s = float(nll["window"].mean()), float(nll["sink"].mean())
         m.samples.append(

@@ -74,7 +74,8 @@ def stream(
         typer.Option(
             "--method",
             help="auto: chunked where it serves the model, else step; chunked: many tokens per "
-            "forward, same NLLs as step (refuses hybrid sliding-window and NoPE models); step: "
+            "forward, same NLLs as step (hybrid sliding-window models too; refuses models outside "
+            "transformers' AttentionInterface); step: "
             "one token per forward (the reference, ~20x slower).",
         ),
     ] = "auto",
@@ -93,7 +94,8 @@ def stream(
     tokens_per_s, peak_rss_mb, max_cache_len; where dense collapses), OUT/running_ppl.png and
     OUT/block_ppl.png (+ .json). ``--method step`` (one token per forward, ~65 ms per token per
     policy on SmolLM2 with 2 cores) and ``chunked`` give the same NLLs; the default ``auto`` runs
-    chunked where it serves the model, else step (hybrid sliding-window models, NoPE layers).
+    chunked where it serves the model (hybrid sliding-window models too), else step (Falcon,
+    BLOOM, MPT: attention outside transformers' AttentionInterface).
 
     Example: sinklab stream --policy window,sink --tokens 4000 --n-sink 4 --window 508
     """
