@@ -144,3 +144,48 @@ def test_normed_key_layouts_are_found_by_value():
     # T == KV: the shapes agree, the values decide
     sq = torch.randn(1, 3, 3, 4, generator=torch.Generator().manual_seed(1))
     assert torch.equal(normed_key_heads(sq.transpose(1, 2), sq.transpose(1, 2), sq), sq)
+
+
+@pytest.fixture(scope="module")
+def gemma3():
+    from sinklab.errors import SinklabError
+    from sinklab.models.loading import load_model
+
+    try:
+        return load_model("gemma3-270m")
+    except SinklabError as exc:  # a zoo model is installed by the user, not by the suite
+        pytest.skip(f"gemma3-270m not installed ({exc})")
+
+
+@pytest.mark.integration
+def test_real_gemma3_keys_are_finite_and_equal_hand_normed_keys(gemma3):
+    """Gemma 3 270M (one KV head, k_norm on (B, KV, T, hd)): the key site was nan in every
+    layer; now finite and equal to k_proj's output normed by hand with the model's weights."""
+    from sinklab.corpus import load_text, token_stream
+
+    model, tok = gemma3.model, gemma3.tokenizer
+    text = token_stream(load_text(), tok, 47)
+    ids = torch.cat([torch.tensor([tok.bos_token_id]), text])[None]  # Gemma's own first token
+    geo = geometry(model, ids)
+    keys = geo.values["key"]
+    assert geo.key_note is None
+    assert all(v is not None and math.isfinite(v) for v in keys["first_token_cosine"])
+    seen = {}
+    layers = (0, 8, 17)
+    hooks = [
+        model.model.layers[i].self_attn.register_forward_pre_hook(
+            lambda m, a, kw, i=i: seen.__setitem__(i, a[0] if a else kw["hidden_states"]),
+            with_kwargs=True,
+        )
+        for i in layers
+    ]
+    with torch.no_grad():
+        model(ids)
+        for h in hooks:
+            h.remove()
+        for i in layers:
+            attn = model.model.layers[i].self_attn
+            hand = _hand_keys("gemma3_text", attn, seen[i][0]).double()
+            first, sim = _brute(hand[:, 0])
+            assert keys["first_token_cosine"][i] == pytest.approx(first, abs=1e-4)
+            assert keys["token_similarity"][i] == pytest.approx(sim, abs=1e-4)
