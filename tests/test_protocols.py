@@ -13,6 +13,7 @@ from sinklab.probe.protocols import (
     protocol_result,
     run_protocol,
     sample_alphas,
+    sample_windows,
 )
 
 
@@ -84,3 +85,60 @@ def test_bad_inputs_are_refused():
         run_protocol(model, torch.zeros(8, dtype=torch.long), "gu")
     with pytest.raises(SinklabError, match="batch must be >= 1"):
         run_protocol(model, torch.zeros(2, 8, dtype=torch.long), "gu", batch=0)
+
+
+def test_probe_protocol_command(capsys, tmp_path, tiny_model_dir, tiny_tokenizer):
+    """``sinklab probe --protocol gu``: the JSON is run_protocol's on the same windows, each
+    started as the tokenizer starts a sequence; a figure beside it."""
+    import json
+
+    from helpers import run_main
+    from sinklab.corpus import load_text
+    from sinklab.models.loading import load_model
+
+    folder = str(tiny_model_dir("llama"))
+    out = tmp_path / "gu"
+    args = ["probe", "--model", folder, "--protocol", "gu", "--samples", "3", "--tokens", "16"]
+    code, stdout, err = run_main(capsys, *args, "--format", "json", "--out", str(out))
+    assert code == 0, err
+    data = json.loads(stdout)
+    loaded = load_model(folder)
+    ids = sample_windows(load_text(), loaded.tokenizer, 16, 3)
+    want = run_protocol(loaded.model, ids, "gu")
+    assert data["sink_rate_pct"] == pytest.approx(want.sink_rate, abs=1e-9)
+    assert data["by_sample_pct"] == pytest.approx(want.by_sample, abs=1e-9)
+    assert data["meta"]["params"]["protocol"] == "gu" and data["tokens"] == 16
+    assert data["first_token"]["id"] == int(ids[0, 0])
+    assert (out / "protocol_by_layer.png").stat().st_size > 1000
+    code, stdout, err = run_main(capsys, *args[:-2], "--out", str(out))  # 64 tokens by default
+    assert code == 0, err
+    assert "gu protocol" in stdout and "Llama3-8B 99.02" in stdout
+
+
+@pytest.mark.parametrize(
+    ("extra", "needle"),
+    [
+        (["--protocol", "gv"], "unknown protocol 'gv'"),
+        (["--protocol", "gu", "--q0", "4"], "--q0 belongs to sinklab's own probe"),
+        (["--protocol", "barbero", "--eps", "0.5"], "fixes its own (all queries, eps 0.8)"),
+        (["--protocol", "gu", "--lengths", "8,16"], "drop --lengths or use --protocol q0"),
+    ],
+)
+def test_probe_protocol_refusals(capsys, extra, needle):
+    from helpers import one_line_error, run_main
+
+    code, _, err = run_main(capsys, "probe", *extra)
+    one_line_error(code, err, needle)
+
+
+def test_samples_start_as_the_tokenizer_starts_a_sequence(tiny_tokenizer):
+    """Each sample: the tokenizer's own start, then the next stretch of the text."""
+    from sinklab.corpus import load_text, token_stream
+
+    text = load_text()
+    plain = sample_windows(text, tiny_tokenizer, 8, 3)  # this tokenizer adds nothing
+    stream = token_stream(text, tiny_tokenizer, 24)
+    assert torch.equal(plain, stream.view(3, 8))
+    bos = sample_windows(text, tiny_tokenizer, 8, 3, prepend="bos")
+    assert (bos[:, 0] == tiny_tokenizer.bos_token_id).all()
+    assert torch.equal(bos[:, 1:], token_stream(text, tiny_tokenizer, 21).view(3, 7))

@@ -24,6 +24,7 @@ from sinklab.commands.common import (
     parse_int_list,
     progress,
 )
+from sinklab.probe.protocols import OWN
 from sinklab.probe.spec import DEFAULT_EPS
 
 DEFAULT_TOKENS = 1024
@@ -33,16 +34,34 @@ def probe(
     model: ModelOpt = None,
     text: TextOpt = None,
     tokens: Annotated[
-        int, typer.Option("--tokens", "-n", help="Tokens to probe.")
-    ] = DEFAULT_TOKENS,
+        int | None,
+        typer.Option(
+            "--tokens",
+            "-n",
+            help="Tokens to probe (a protocol's: tokens per sample).",
+            show_default=f"{DEFAULT_TOKENS}; gu, barbero: 64",
+        ),
+    ] = None,
+    protocol: Annotated[
+        str,
+        typer.Option(
+            "--protocol",
+            help="q0: sinklab's own probe; gu (Gu et al. 2025, eps 0.3) or barbero (eps 0.8): "
+            "the published sink rate over --samples windows (docs/metrics.md#protocols).",
+        ),
+    ] = "q0",
+    samples: Annotated[
+        int, typer.Option("--samples", help="gu, barbero: windows of the text, one sample each.")
+    ] = 100,
     lengths: Annotated[
         str | None,
         typer.Option("--lengths", help="Also probe these prefix lengths, e.g. 128,512,2048."),
     ] = None,
     q0: Annotated[int, typer.Option("--q0", help="First query counted in the means.")] = 0,
-    eps: Annotated[str, typer.Option("--eps", help="Sink-head thresholds in (0, 1).")] = ",".join(
-        map(str, DEFAULT_EPS)
-    ),
+    eps: Annotated[
+        str | None,
+        typer.Option("--eps", help="Sink-head thresholds in (0, 1).", show_default="0.3,0.8"),
+    ] = None,
     metrics: Annotated[
         str,
         typer.Option(
@@ -77,8 +96,15 @@ def probe(
     from sinklab.probe.summary import summary_sentences
     from sinklab.seam import check_supported
 
+    if protocol != OWN:
+        _probe_protocol(
+            model, text, protocol, samples, tokens, (q0, eps, lengths), prepend, out, fmt,
+            no_figures, (dtype, device, trust_remote_code),
+        )  # fmt: skip
+        return
+    tokens = DEFAULT_TOKENS if tokens is None else tokens
     # cheap checks first, before the model loads
-    eps_list = parse_float_list(eps, "--eps", "0.3,0.8") or ()
+    eps_list = parse_float_list(eps or ",".join(map(str, DEFAULT_EPS)), "--eps", "0.3,0.8") or ()
     ns = parse_int_list(lengths, "--lengths")
     config = ProbeConfig(q0=q0, eps=eps_list, metrics=metrics)
     run = ProbeRun(config, tokens, tuple(ns) if ns else None, prepend)
@@ -102,6 +128,71 @@ def probe(
         emit_json(data)
         return
     for line in summary_sentences(data):
+        typer.echo(line)
+    typer.echo("wrote " + ", ".join(map(str, written)))
+
+
+def _probe_protocol(
+    model: str | None,
+    text: str | None,
+    name: str,
+    samples: int,
+    tokens: int | None,
+    own_options: tuple[int, str | None, str | None],
+    prepend: str | None,
+    out: Path,
+    fmt: OutputFormat,
+    no_figures: bool,
+    loading: tuple[str, str, bool],
+) -> None:
+    """``--protocol gu|barbero``: the published sink rate over ``samples`` windows of the text,
+    each started the way the model's tokenizer starts a sequence (``--prepend`` overrides it)."""
+    from sinklab.corpus import load_text
+    from sinklab.errors import SinklabError
+    from sinklab.meta import attach_meta
+    from sinklab.outputs import check_out, write_results
+    from sinklab.probe.plots import protocol_figures
+    from sinklab.probe.protocols import (
+        get_protocol,
+        protocol_sentences,
+        run_protocol,
+        sample_windows,
+    )
+
+    p = get_protocol(name)
+    q0, eps, lengths = own_options
+    for given, option in ((q0 != 0, "--q0"), (eps is not None, "--eps"), (lengths, "--lengths")):
+        if given:
+            raise SinklabError(
+                f"{option} belongs to sinklab's own probe; --protocol {name} fixes its own "
+                f"(all queries, eps {p.eps}); drop {option} or use --protocol {OWN}"
+            )
+    tokens = p.tokens if tokens is None else tokens
+    if tokens < 2 or samples < 1:
+        raise SinklabError(f"--tokens must be >= 2 and --samples >= 1, got {tokens}, {samples}")
+    out = check_out(out, "probe")
+    txt = load_text(text)
+    loaded = load(model, *loading)
+    check_positions(loaded.info, tokens, "--tokens")
+    ids = sample_windows(txt, loaded.tokenizer, tokens, samples, prepend)
+    start = time.perf_counter()
+    with progress(enabled=fmt is OutputFormat.text) as bars:
+        result = run_protocol(loaded.model, ids, p, callback=bars.callback(f"protocol {name}"))
+    data = result.to_json()
+    params = {"protocol": name, "samples": samples, "tokens": tokens, "prepend": prepend}
+    first = int(ids[0, 0])
+    data["first_token"] = {"id": first, "text": loaded.tokenizer.decode([first])}
+    attach_meta(data, loaded.info, txt, params, time.perf_counter() - start)
+    written = write_results(
+        out,
+        "probe",
+        {"probe.json": data},
+        None if no_figures else lambda folder: protocol_figures(data, folder),
+    )
+    if fmt is OutputFormat.json:
+        emit_json(data)
+        return
+    for line in protocol_sentences(data):
         typer.echo(line)
     typer.echo("wrote " + ", ".join(map(str, written)))
 

@@ -109,3 +109,27 @@ def probe_figures(data: dict[str, Any], folder: Path, lengths_only: bool = False
             )
         )
     return paths
+
+
+def protocol_figures(data: dict[str, Any], folder: Path) -> list[Path]:
+    """A protocol run's figure: the sink rate per layer (% of samples x heads with alpha_0 > eps)
+    and the mean alpha_0 per layer."""
+    by_layer = data["by_layer_pct"]
+    alpha = [sum(row) / len(row) for row in data["alpha0"]]
+    title = (
+        f"{data['protocol']} protocol: {data['sink_rate_pct']:.1f} % sink (eps {data['eps']:g}, "
+        f"{data['samples']} x {data['tokens']} tokens)"
+    )
+    fig, ax = plt.subplots(figsize=(7, 4))
+    ax.bar(range(len(by_layer)), by_layer, color="#4c72b0", label="sink rate, %")
+    ax.plot(range(len(alpha)), [100 * a for a in alpha], "o-", color="#dd8452", ms=3,
+            label="mean alpha_0 over heads and samples, %")  # fmt: skip
+    ax.axhline(100 * data["eps"], color="grey", lw=0.8, ls="--", label=f"eps {data['eps']:g}")
+    ax.set_xlabel("layer")
+    ax.set_ylabel("%")
+    ax.set_ylim(0, 100)
+    ax.set_title(title, fontsize=9)
+    ax.legend(fontsize=8)
+    path = folder / "protocol_by_layer.png"
+    numbers = {"title": title, "x": "layer", "sink_rate_pct": by_layer, "mean_alpha0": alpha}
+    return [figures.save(fig, path, numbers)]

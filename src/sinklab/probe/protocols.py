@@ -230,3 +230,50 @@ def run_protocol(
     """The protocol's sink rate on the samples ``ids`` (N, T)."""
     p = protocol if isinstance(protocol, Protocol) else get_protocol(protocol)
     return protocol_result(sample_alphas(model, ids, batch, callback), p)
+
+
+def protocol_sentences(data: dict[str, Any]) -> list[str]:
+    """What a protocol run found, in words (the command prints them)."""
+    lines = [
+        f"{data['protocol']} protocol ({data['source']}): {data['sink_rate_pct']:.2f} % of "
+        f"(sample, layer, head) have alpha_0 > {data['eps']:g}, over {data['samples']} samples of "
+        f"{data['tokens']} tokens"
+    ]
+    if data["tokens"] != data["published_tokens"]:
+        lines.append(f"the published protocol reads {data['published_tokens']} tokens per sample")
+    first = data["first_sink_layer"]
+    lines.append(
+        "no layer has a head that sinks in most samples"
+        if first is None
+        else f"first layer with a head that sinks in most samples: {first}"
+    )
+    if "published_pct" in data:
+        cited = ", ".join(f"{k} {v:.2f}" for k, v in data["published_pct"].items())
+        lines.append(f"published (Gu et al., Table 1, eps 0.3): {cited}")
+    return lines
+
+
+def sample_windows(
+    text: Any, tokenizer: Any, n_tokens: int, n: int, prepend: str | None = None
+) -> Tensor:
+    """``n`` samples (n, n_tokens): consecutive stretches of ``text``, each started as the
+    model's tokenizer starts a sequence (``add_special_tokens=True``: Gemma's ``<bos>``, nothing
+    for Qwen2.5 or SmolLM2), as Gu et al.'s script encodes each sample; ``prepend`` ("none",
+    "bos", "eos", an id or one token) overrides that start. The start counts toward n_tokens.
+
+    The one place the protocols build their samples; once sinklab.corpus decides every run's
+    first token (docs/models.md), this defers to it."""
+    from sinklab.corpus import resolve_token, token_stream
+
+    if prepend is None:
+        full = list(tokenizer("The").input_ids)
+        plain = list(tokenizer("The", add_special_tokens=False).input_ids)
+        start = full[: len(full) - len(plain)] if full[len(full) - len(plain) :] == plain else []
+    else:
+        start = [] if prepend.lower() == "none" else [resolve_token(tokenizer, prepend)]
+    per = n_tokens - len(start)
+    if per < 1:
+        raise SinklabError(f"--tokens {n_tokens} leaves no text after the first token")
+    ids = token_stream(text, tokenizer, per * n)
+    head = torch.tensor(start, dtype=torch.long)
+    return torch.stack([torch.cat([head, ids[k * per : (k + 1) * per]]) for k in range(n)])
