@@ -155,6 +155,7 @@ def _independent(model: LabForCausalLM, ids: torch.Tensor, table) -> dict[str, l
                         acc["null_mass_nontrigger"].append(1 - float(w.sum()))
                         acc["output_norm_nontrigger"].append(float(o) * g)
                         acc["diag_mass_nontrigger"].append(float(w[i]))
+                        acc["uniform_first_mass_nontrigger"].append(1.0 / (i + 1))
                         acc["gate_nontrigger"].append(g)
                 acc["bos_value_norm"].append(float(v[b, h, 0].norm()))
             for key in HEAD_KEYS:

@@ -110,22 +110,37 @@ def bigram_table(text_spec: str | None = None, n_triggers: int = 3) -> BigramTab
     return BigramTable(chars, unigram.float(), transition.float(), triggers)
 
 
+def _cdf(probs: Tensor) -> Tensor:
+    """Row-wise cumulative distribution (float64), each non-empty row ending at exactly 1."""
+    c = probs.double().cumsum(-1)
+    return c / c[..., -1:].clamp_min(1e-300)
+
+
+def _draw(cdf: Tensor, generator: torch.Generator) -> Tensor:
+    """One index per row of ``cdf`` (n, V) by inverse transform: the first index whose
+    cumulative probability exceeds a uniform draw (a zero-probability index is never chosen)."""
+    u = torch.rand(cdf.shape[0], 1, generator=generator, dtype=torch.float64)
+    return torch.searchsorted(cdf, u, right=True)[:, 0].clamp_max(cdf.shape[-1] - 1)
+
+
 def sample(table: BigramTable, n: int, seq_len: int, bos: bool, generator: torch.Generator):
-    """``n`` sequences ``(ids, copied)``, each (n, seq_len); ``copied`` marks copied tokens."""
+    """``n`` sequences ``(ids, copied)``, each (n, seq_len); ``copied`` marks copied tokens.
+
+    Each draw is one uniform number per row through the table's cumulative distribution (one
+    vectorised lookup per position, not a multinomial call per row)."""
     v = table.vocab_size
     ids = torch.zeros(n, seq_len, dtype=torch.long)
     start = 1 if bos else 0
     if bos:
         ids[:, 0] = BOS_ID
-    ids[:, start] = torch.multinomial(table.first_probs().expand(n, v), 1, generator=generator)[
-        :, 0
-    ]
+    ids[:, start] = _draw(_cdf(table.first_probs()).expand(n, v).contiguous(), generator)
+    trans_cdf = _cdf(table.transition)  # (V, V)
     is_trig = torch.zeros(v, dtype=torch.bool)
     is_trig[list(table.triggers)] = True
     copied = torch.zeros(n, seq_len, dtype=torch.bool)
     for t in range(start + 1, seq_len):
         prev = ids[:, t - 1]
-        drawn = torch.multinomial(table.transition[prev], 1, generator=generator)[:, 0]
+        drawn = _draw(trans_cdf[prev], generator)
         copy = is_trig[prev] & (t - 2 >= start)  # a trigger always has a token before it
         ids[:, t] = torch.where(copy, ids[:, t - 2], drawn)
         copied[:, t] = copy

@@ -16,6 +16,9 @@ only itself). Per head (means over the queries of a kind, over every sequence):
 * ``output_norm_nontrigger`` / ``output_norm_trigger``: ``||o_t||`` of the head's output
   ``sum_j A[t, j] v_j`` (times the gate for gated), before the output projection: a hard switch
   is ``output_norm_nontrigger`` ~ 0;
+* ``uniform_first_mass_nontrigger``: ``1 / (t + 1)``, the mass uniform causal attention would
+  put on the first token at the same queries: the baseline a first-token mass is read against
+  (it shrinks with the context length; docs/claims.md#lab-validity);
 * ``diag_mass_nontrigger`` (``A[t, t]``: the soft switch), ``sink_token`` / ``sink_token_mass``
   (the token whose keys get the most mass at non-trigger queries, and that mass) and
   ``sink_token_key_share`` (the fraction of keys that are that token: uniform attention's mass).
@@ -45,6 +48,7 @@ HEAD_KEYS = (
     "output_norm_nontrigger",
     "output_norm_trigger",
     "diag_mass_nontrigger",
+    "uniform_first_mass_nontrigger",
 )
 _SUMS = (
     ("first_nt", "nt"),
@@ -55,6 +59,7 @@ _SUMS = (
     ("out_nt", "nt"),
     ("out_tr", "tr"),
     ("diag_nt", "nt"),
+    ("unif_nt", "nt"),
 )
 
 
@@ -101,6 +106,8 @@ class BackcopyCapture(AttentionHandler):
             "out_nt": out,
             "out_tr": out,
             "diag_nt": at(0),
+            # what uniform causal attention gives key 0 at query t: 1 / (t + 1)
+            "unif_nt": (1.0 / (pos + 1).double()).view(1, 1, c).expand(b, h, c),
         }
         for name, kind in _SUMS:
             s[name] += (values[name] * masks[kind][:, None]).sum(dim=(0, 2))
@@ -131,6 +138,7 @@ class BackcopyCapture(AttentionHandler):
                 "output_norm_nontrigger": s["out_nt"] / nt,
                 "output_norm_trigger": s["out_tr"] / tr,
                 "diag_mass_nontrigger": s["diag_nt"] / nt,
+                "uniform_first_mass_nontrigger": s["unif_nt"] / nt,
             }
             for k, v in row.items():
                 out[k].append(v.tolist())

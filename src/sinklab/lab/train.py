@@ -36,6 +36,7 @@ from sinklab.errors import SinklabError
 from sinklab.lab.backcopy import BackcopyData, backcopy_validation
 from sinklab.lab.backcopy_metrics import backcopy_summary
 from sinklab.lab.config import TrainConfig
+from sinklab.lab.convergence import TAIL_FRACTION, convergence
 from sinklab.lab.data import LabData
 from sinklab.lab.model import LabConfig, LabForCausalLM
 from sinklab.lab.ranks import Ranks, check_nproc, process_group
@@ -51,10 +52,19 @@ EPS = DEFAULT_EPS  # the probe's sink-head thresholds at every checkpoint
 BACKCOPY_PROBE_SEQUENCES = 16  # held-out sequences each checkpoint's backcopy metrics read
 
 
+TAIL_POINTS = 5  # tail checkpoints at 0.8 S, 0.85 S, 0.9 S, 0.95 S, S
+
+
 def checkpoint_steps(steps: int, n: int) -> list[int]:
-    """``n`` log-spaced steps in ``1..steps`` (distinct, ending at ``steps``), plus step 0."""
+    """``n`` log-spaced steps in ``1..steps`` (distinct, ending at ``steps``), plus step 0 and
+    :data:`TAIL_POINTS` steps evenly spaced over the last :data:`TAIL_FRACTION` of training (the
+    trajectory the convergence criterion of docs/claims.md#lab-validity reads)."""
     raw = {round(steps ** (i / max(1, n - 1))) if n > 1 else steps for i in range(n)}
-    return sorted({0, *(min(steps, max(1, s)) for s in raw), steps})
+    start = 1.0 - TAIL_FRACTION
+    tail = {
+        round(steps * (start + TAIL_FRACTION * i / (TAIL_POINTS - 1))) for i in range(TAIL_POINTS)
+    }
+    return sorted({0, *(min(steps, max(1, s)) for s in raw | tail), steps})
 
 
 @dataclass
@@ -64,6 +74,8 @@ class TrainResult:
     ``run``: what the run trained on and how it probed and ran (``corpus``, ``n_train_tokens``,
     ``n_sequences``, backcopy ``triggers``; ``probe``: q0, eps, key, n_tokens; ``processes``,
     ``torch_threads``, ``step_seconds``: wall time inside the optimizer steps, rank 0's).
+    ``convergence`` (in ``train.json``): whether the run met the criterion of
+    docs/claims.md#lab-validity, computed from the checkpoints and the loss.
     ``meta``: exactly :data:`sinklab.meta.META_KEYS` (the trained model's description as the model).
     """
 
@@ -75,12 +87,19 @@ class TrainResult:
     out: Path | None = None
     run: dict[str, Any] = field(default_factory=dict)
 
+    @property
+    def convergence(self) -> dict[str, Any]:
+        """Whether the run met the convergence criterion of docs/claims.md#lab-validity (read
+        from its checkpoints and loss curve: :func:`sinklab.lab.convergence.convergence`)."""
+        return convergence(self.checkpoints, self.config.steps, self.loss)
+
     def to_json(self) -> dict[str, Any]:
         return {
             "config": asdict(self.config),
             "loss": [[s, v] for s, v in self.loss],
             "checkpoints": self.checkpoints,
             "val": self.val,
+            "convergence": self.convergence if self.checkpoints else None,
             "run": self.run,
             "meta": self.meta,
         }
