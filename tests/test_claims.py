@@ -62,8 +62,9 @@ def test_every_claim_has_one_row_with_the_rule_applied(tiny, tiny_tokenizer, tmp
             valid = [s["effect"] for s in r["samples"] if s["effect"] is not None]
             assert lo <= r["effect"] <= hi and r["n_valid"] == len(valid)
             assert r["effect"] == pytest.approx(sum(valid) / len(valid))
-    for cid in ("softmax1-no-sink", "sinks-grow-depth", "bos-reliance", "hard-switch-sink"):
+    for cid in ("softmax1-no-sink", "bos-reliance", "hard-switch-sink"):
         assert _row(result, cid)["reason"].startswith("not measured: no train.json")
+    assert _row(result, "sinks-grow-depth")["reason"].startswith("no set-up here can show it")
     assert [s["sample"] for s in _row(result, "first-token-sinks")["samples"]] == list(TEXTS)
     assert len(_row(result, "sink-cheaper")["samples"]) == 3
     assert _row(result, "evict-sinks-collapse")["sizes"]["method"] == "chunked"  # what ran
@@ -136,7 +137,9 @@ def _write_run(folder: Path, *, seed: int, variant: str = "softmax", data: str =
         "seq_len": 128,
         "task": "backcopy",
         "device": "cpu",
-        **{k: v for k, v in kw.items() if k in ("layers", "seq_len")},
+        "steps": 600,
+        "batch_size": 32,
+        **{k: v for k, v in kw.items() if k in ("layers", "seq_len", "batch_size")},
     }
     backcopy = {
         "first_token_mass_nontrigger": kw.get("nt", 0.5),
@@ -144,12 +147,17 @@ def _write_run(folder: Path, *, seed: int, variant: str = "softmax", data: str =
         "output_norm_nontrigger": 0.1,
         "output_norm_trigger": 1.0,
         "null_mass_nontrigger": kw.get("null", 0.0),
+        "uniform_first_mass_nontrigger": kw.get("uniform", 0.05),
+        "prev_token_mass_trigger": 0.9,
+        "backcopy_loss": kw.get("copy_loss", 0.01),
     }
-    last = {"step": 600, "first_token_sink_mass": kw.get("mass", 0.3), "backcopy": backcopy}
+    last = {"first_token_sink_mass": kw.get("mass", 0.3), "backcopy": backcopy}
+    # a converged trajectory: step 0, then flat over the last 20 % (docs/claims.md#lab-validity)
+    tail = [{"step": s, **last} for s in (480, 510, 540, 570, 600)]
     val = {"damage": kw.get("damage", 0.1)}
     folder.mkdir(parents=True)
     (folder / "train.json").write_text(
-        json.dumps({"config": config, "checkpoints": [{"step": 0}, last], "val": val})
+        json.dumps({"config": config, "checkpoints": [{"step": 0}, *tail], "val": val})
     )
 
 
@@ -179,7 +187,8 @@ def test_lab_claims_pair_runs_that_differ_in_one_field(tmp_path):
     assert soft["verdict"] == "supported" and soft["interval"] == pytest.approx([0.35, 0.55])
     depth = _row(result, "sinks-grow-depth")
     assert [s["effect"] for s in depth["samples"]] == pytest.approx([-0.1] * 3)
-    assert depth["verdict"] == "not supported"
+    # shown, never judged: no set-up here can show the mechanism (docs/claims.md#lab-validity)
+    assert depth["verdict"] == "inconclusive" and depth["fidelity"].startswith("none: ")
     bos = _row(result, "bos-reliance")
     assert [s["effect"] for s in bos["samples"]] == pytest.approx([-0.2] * 3)
     assert bos["verdict"] == "not supported"
@@ -187,6 +196,74 @@ def test_lab_claims_pair_runs_that_differ_in_one_field(tmp_path):
     assert switch["n_valid"] == 6 and switch["verdict"] == "supported"  # 1- and 4-layer runs
     length = _row(result, "sinks-grow-length")
     assert length["reason"].startswith("not measured: no softmax runs that differ only in seq_len")
+
+
+def test_lab_verdicts_need_converged_runs_that_grew_the_effect(tmp_path):
+    for s in range(3):  # seed 1's softmax1 twin is still far from its copy-loss floor
+        _write_run(tmp_path / f"s{s}" / "softmax", seed=s, nt=0.5)
+        loss = 0.3 if s == 1 else 0.01
+        _write_run(tmp_path / f"s{s}" / "softmax1", seed=s, variant="softmax1", copy_loss=loss)
+        # length at equal tokens per step (T 128 x 32 = T 512 x 8): raw mass falls, r rises
+        _write_run(tmp_path / f"s{s}" / "long", seed=s, seq_len=512, batch_size=8, nt=0.2,
+                   uniform=0.01)  # fmt: skip
+        # a BOS twin whose with-BOS run grew no sink: nothing to rely on
+        _write_run(tmp_path / f"s{s}" / "weak", seed=s, layers=2, nt=0.1)
+        _write_run(tmp_path / f"s{s}" / "weak-nobos", seed=s, layers=2, data="no-bos")
+    cfg = ClaimsConfig(
+        claims=("softmax1-no-sink", "sinks-grow-length", "bos-reliance"), lab=str(tmp_path)
+    )
+    result = run_claims(None, None, cfg)
+    soft = _row(result, "softmax1-no-sink")
+    assert soft["verdict"] == "inconclusive" and soft["effect"] is not None
+    assert soft["reason"].startswith("not converged: seed 1 softmax1/bos T128x32: copy loss 0.3")
+    bad = [c for c in soft["convergence"] if not c["met"]]
+    assert [c["run"] for c in bad] == ["seed 1 softmax1/bos T128x32"]
+    assert "copy loss <= 0.05" in bad[0]["criterion"] and len(soft["convergence"]) == 6
+    assert soft["fidelity"].startswith("proxy: ") and soft["scope"] == "backcopy"
+    length = _row(result, "sinks-grow-length")
+    # r = 0.5 / 0.05 = 10 at T 128, 0.2 / 0.01 = 20 at T 512: log 2 per seed
+    assert [s["effect"] for s in length["samples"]] == pytest.approx([math.log(2)] * 3)
+    assert length["samples"][0]["tokens_per_step"] == 4096
+    assert length["verdict"] == "supported" and length["verdict_stated"] == "supported on backcopy"
+    assert "on backcopy (a proxy" in length["reason"]
+    traj = length["samples"][0]["runs"]["seed 0 softmax/bos T512x8"]["trajectory"]
+    assert [t["step"] for t in traj] == [0, 480, 510, 540, 570, 600] and traj[-1]["r"] == 20
+    bos = _row(result, "bos-reliance")
+    assert bos["verdict"] == "inconclusive" and bos["reason"].startswith("no emergence: ")
+    assert "seed 0 softmax/bos T128x32: no sink (m 0.1, r 2)" in bos["reason"]
+
+
+@pytest.mark.usefixtures("one_thread")
+def test_default_claims_train_the_lab_runs_and_reuse_them(tmp_path, monkeypatch):
+    """No --lab: the claims train their runs (3 seeds per configuration) into the user cache; no
+    row says "not measured"; a second run trains nothing and gives the same numbers."""
+    from sinklab.lab.cache import cache_listing
+
+    monkeypatch.setenv("SINKLAB_CACHE", str(tmp_path / "cache"))
+    lab = ("softmax1-no-sink", "sinks-grow-depth", "sinks-grow-length", "bos-reliance",
+           "hard-switch-sink", "sink-cheaper")  # fmt: skip
+    cfg = ClaimsConfig(claims=lab, lab_size="quick", lab_steps=10, cost_lengths=(4, 8),
+                       cost_steps=10)  # fmt: skip
+    first = run_claims(None, None, cfg).to_json()
+    assert first["run"]["lab"]["trained"] == 12 and first["run"]["lab"]["reused"] == 0
+    assert len(cache_listing()) == 12  # 3 seeds x (softmax, softmax1, no-bos, long T)
+    for row in first["claims"]:
+        assert not row["reason"].startswith("not measured"), row
+        if row["source"] == "lab" and row["id"] != "sinks-grow-depth":
+            n = 6 if row["id"] == "hard-switch-sink" else 3  # every softmax run with BOS
+            assert row["n_valid"] == n and row["convergence"] and row["fidelity"]
+            # 10 steps: nothing has converged, and the row says so instead of judging
+            assert row["verdict"] == "inconclusive" and row["reason"].startswith("not converged")
+    length = _row_of(first, "sinks-grow-length")
+    assert {s["tokens_per_step"] for s in length["samples"]} == {1024}
+    assert [s["seq_len"] for s in length["samples"]] == [[32, 128]] * 3
+    second = run_claims(None, None, cfg).to_json()
+    assert second["run"]["lab"]["trained"] == 0 and second["run"]["lab"]["reused"] == 12
+    assert [r["samples"] for r in second["claims"]] == [r["samples"] for r in first["claims"]]
+
+
+def _row_of(data, cid):
+    return next(r for r in data["claims"] if r["id"] == cid)
 
 
 def test_one_seed_is_too_few_and_no_folder_is_not_measured(tmp_path):

@@ -29,9 +29,11 @@ def one_thread():
     torch.set_num_threads(n)
 
 
-def test_claims_json_and_files(capsys, tmp_path, tiny_model_dir, one_thread):
+def test_claims_json_and_files(capsys, tmp_path, tiny_model_dir, one_thread, monkeypatch):
+    monkeypatch.setenv("SINKLAB_CACHE", str(tmp_path / "cache"))
     out = tmp_path / "claims-out"
-    args = ["claims", "--model", str(tiny_model_dir("llama")), "--claims", SOME, *FAST]
+    args = ["claims", "--model", str(tiny_model_dir("llama")), "--claims", SOME, *FAST,
+            "--lab-size", "quick", "--lab-steps", "10"]  # fmt: skip
     code, stdout, err = run_main(capsys, *args, "--format", "json", "--out", str(out))
     assert code == 0, err
     data = json.loads(stdout)
@@ -41,8 +43,9 @@ def test_claims_json_and_files(capsys, tmp_path, tiny_model_dir, one_thread):
         for key in ("effect", "interval", "verdict", "reason", "protocol", "site", "samples"):
             assert key in r, key
     assert rows[0]["n_valid"] == 3 and rows[0]["interval"][0] <= rows[0]["effect"]
-    switch = next(r for r in rows if r["id"] == "hard-switch-sink")
-    assert switch["verdict"] == "inconclusive" and switch["reason"].startswith("not measured")
+    switch = next(r for r in rows if r["id"] == "hard-switch-sink")  # trained, not converged
+    assert switch["verdict"] == "inconclusive" and switch["reason"].startswith("not converged")
+    assert data["run"]["lab"]["trained"] == 12 and switch["fidelity"].startswith("same protocol")
     saved = json.loads((out / "claims.json").read_text())
     assert saved["claims"] == json.loads(json.dumps(rows))
     meta = saved["meta"]
@@ -55,6 +58,7 @@ def test_claims_json_and_files(capsys, tmp_path, tiny_model_dir, one_thread):
     # a second run replaces its own output; text mode prints the table
     code, stdout, err = run_main(capsys, *args, "--out", str(out))
     assert code == 0 and "first-token-sinks" in stdout, err
+    assert "lab runs: 0 trained, 12 reused from" in stdout  # the cache, shown
     first = rows[0]
     lo, hi = first["interval"]
     line = next(ln for ln in stdout.splitlines() if first["id"] in ln)
@@ -96,6 +100,8 @@ def test_the_claims_table_in_words():
         (["--lab", "/no/such/lab"], "is not a folder"),
         (["--cost-lengths", "16"], "cost_lengths"),
         (["--cost-lengths", "a,b"], "comma-separated integers"),
+        (["--lab-size", "huge"], "--lab-size must be one of"),
+        (["--lab-steps", "2"], "--lab-steps must be >= 10"),
     ],
 )
 def test_bad_inputs_are_one_line(capsys, extra, needle, monkeypatch):
@@ -107,6 +113,25 @@ def test_bad_inputs_are_one_line(capsys, extra, needle, monkeypatch):
     monkeypatch.setattr(sinklab.models.loading, "load_model", refuse)
     code, _, err = run_main(capsys, "claims", "--model", "/never/loaded", *extra)
     one_line_error(code, err, needle)
+
+
+def test_the_lab_cache_is_shown_and_cleared(capsys, tmp_path, monkeypatch):
+    from sinklab.lab.cache import cached_train, run_key
+    from sinklab.lab.presets import preset
+
+    monkeypatch.setenv("SINKLAB_CACHE", str(tmp_path / "c"))
+    cfg = preset("cpu", task="backcopy", steps=3, d_model=16, seq_len=16, batch_size=2,
+                 n_checkpoints=2)  # fmt: skip
+    cached_train(cfg)
+    code, stdout, err = run_main(capsys, "claims", "--lab-cache")
+    assert code == 0, err
+    assert str(tmp_path / "c" / "lab") in stdout and run_key(cfg) in stdout
+    assert "1 run(s)" in stdout and "not converged" in stdout
+    code, stdout, err = run_main(capsys, "claims", "--lab-cache", "--format", "json")
+    assert json.loads(stdout)["runs"][0]["key"] == run_key(cfg)
+    code, stdout, err = run_main(capsys, "claims", "--clear-lab-cache")
+    assert code == 0 and "removed 1 cached lab run(s)" in stdout
+    assert not any((tmp_path / "c" / "lab").iterdir())
 
 
 def test_a_users_folder_is_refused_before_work(capsys, tmp_path: Path):

@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +18,8 @@ import torch
 from torch import nn
 
 from sinklab.ablate.registry import experiments_for_claim
-from sinklab.claims.measure_lab import LAB_CLAIMS, measure_cost, measure_lab
+from sinklab.claims.lab_runs import LAB_SIZES, LabPlan, train_lab_runs
+from sinklab.claims.measure_lab import LAB_CLAIMS, measure_cost, measure_lab, measure_lab_runs
 from sinklab.claims.measure_model import (
     Measurement,
     Sample,
@@ -29,7 +30,14 @@ from sinklab.claims.measure_model import (
     measure_stream,
 )
 from sinklab.claims.registry import CLAIM_IDS, CLAIMS, Claim, judge
-from sinklab.claims.rules import MIN_SAMPLES, N_RESAMPLES
+from sinklab.claims.rules import (
+    MIN_SAMPLES,
+    N_RESAMPLES,
+    Verdict,
+    bootstrap_interval,
+    valid_samples,
+)
+from sinklab.claims.validity import lab_verdict, stated
 from sinklab.corpus import Text, load_text
 from sinklab.errors import SinklabError
 
@@ -67,7 +75,9 @@ class ClaimsConfig:
     cost_lengths: tuple[int, ...] = (16, 32, 64)
     cost_seeds: int = 3
     cost_steps: int = 300  # Adam steps per radius (sinklab cost --steps)
-    lab: str | None = None  # folder of lab runs (train.json files)
+    lab: str | None = None  # folder of lab runs (train.json files); None: train them (cached)
+    lab_size: str = "full"  # the sizes of the trained lab runs: "full" or "quick" (LAB_SIZES)
+    lab_steps: int | None = None  # override the lab size's steps
     seed: int = 0  # bootstrap and sensitivity probes
 
     def __post_init__(self) -> None:
@@ -100,6 +110,25 @@ class ClaimsConfig:
             raise SinklabError("cost_lengths needs >= 2 lengths, each >= 4 (e.g. 16,32,64)")
         if self.lab is not None and not Path(self.lab).is_dir():
             raise SinklabError(f"--lab {self.lab!r} is not a folder; pass a folder of train runs")
+        if self.lab_size not in LAB_SIZES:
+            raise SinklabError(
+                f"--lab-size must be one of {', '.join(LAB_SIZES)}, got {self.lab_size!r}"
+            )
+        if self.lab_steps is not None and self.lab_steps < 10:
+            raise SinklabError(f"--lab-steps must be >= 10, got {self.lab_steps}")
+
+    @property
+    def lab_plan(self) -> LabPlan:
+        """The lab runs ``run_claims`` trains when no ``lab`` folder is given."""
+        plan = LAB_SIZES[self.lab_size]
+        return plan if self.lab_steps is None else replace(plan, steps=self.lab_steps)
+
+    @property
+    def trains_lab(self) -> bool:
+        """Whether a run of this config trains lab runs (a lab claim is wanted, no ``lab``
+        folder; the depth claim alone needs none: no set-up here tests it)."""
+        lab = [c for c in self.wanted() if c in LAB_CLAIMS and c != "sinks-grow-depth"]
+        return self.lab is None and bool(lab)
 
     @property
     def window_tokens(self) -> int:
@@ -173,6 +202,21 @@ class ClaimRow:
             "reason": self.reason,
             "samples": self.measurement.samples,
             "sizes": self.measurement.sizes,
+            **self._validity(),
+        }
+
+    def _validity(self) -> dict[str, Any]:
+        """A lab row's fidelity, scope, stated verdict and its runs' convergence and emergence
+        checks (docs/claims.md#lab-validity); nothing for other rows."""
+        m = self.measurement
+        if m.fidelity is None:
+            return {}
+        return {
+            "fidelity": m.fidelity.label,
+            "scope": m.fidelity.scope,
+            "verdict_stated": stated(self.verdict, m.fidelity.scope),
+            "convergence": [c.to_json() for c in m.convergence],
+            "emergence": [c.to_json() for c in m.emergence],
         }
 
 
@@ -257,6 +301,7 @@ def run_claims(
         samples = text_samples(tokenizer, config, max_positions)
     samples = list(samples or [])
     total = len(groups) * len(samples) + (config.cost_seeds if "sink-cheaper" in wanted else 0)
+    total += len(config.lab_plan.configs()) if config.trains_lab else 0
     done = 0
 
     def tick(label: str) -> None:
@@ -284,26 +329,53 @@ def run_claims(
         measured.update(measure_cost(config, tick))
         seconds["cost"] = round(time.perf_counter() - t0, 2)
     lab_wanted = [c for c in wanted if c in LAB_CLAIMS]
-    if lab_wanted:
-        measured.update(measure_lab(Path(config.lab) if config.lab else None, lab_wanted))
+    lab_facts: dict[str, Any] = {}
+    if config.lab:
+        measured.update(measure_lab(Path(config.lab), lab_wanted))
+    elif config.trains_lab:
+        runs, lab_facts = train_lab_runs(config.lab_plan, tick)
+        seconds["lab"] = lab_facts["seconds"]
+        source = {"lab": "trained by sinklab claims", "lab_cache": lab_facts["cache"]}
+        measured.update(measure_lab_runs(runs, lab_wanted, {**source, **lab_facts["plan"]}))
+    elif lab_wanted:  # the depth claim alone: nothing here can test it, nothing is trained
+        measured.update(measure_lab_runs([], lab_wanted, {}))
     rows = []
     for claim in CLAIMS:
         if claim.id not in wanted:
             continue
         m = measured[claim.id]
-        interval, v = judge(
-            claim.id,
-            m.effects(),
-            not_measured=m.not_measured or "no sample could be measured",
-            seed=config.seed,
-        )
+        why = m.not_measured or "no sample could be measured"
+        if claim.source == "lab":
+            interval, v = _judge_lab(claim, m, why, config.seed)
+        else:
+            interval, v = judge(claim.id, m.effects(), not_measured=why, seed=config.seed)
         rows.append(ClaimRow(claim, m, interval, v.verdict, v.reason))
     run = {
         "samples": [{"name": n, "tokens": int(ids.numel())} for n, ids in samples],
         "seconds_by_group": seconds,
         "threads": torch.get_num_threads(),
     }
+    if lab_facts:
+        run["lab"] = {k: v for k, v in lab_facts.items() if k != "plan"}
     return ClaimsResult(config, rows, run)  # meta: the caller's (sinklab.meta.attach_meta)
+
+
+def _judge_lab(claim: Claim, m: Measurement, why: str, seed: int) -> tuple[Any, Verdict]:
+    """A lab row: the interval of its valid samples (shown whatever the verdict) and the verdict
+    of :func:`sinklab.claims.validity.lab_verdict` (fidelity, convergence, emergence, then the
+    rule)."""
+    xs = valid_samples(m.effects())
+    interval = bootstrap_interval(xs, seed=seed) if xs else None
+    v = lab_verdict(
+        interval,
+        claim.direction,
+        claim.threshold,
+        m.fidelity,
+        m.convergence,
+        m.emergence,
+        not_measured=why,
+    )
+    return interval, v
 
 
 class _nullcontext:

@@ -1,21 +1,32 @@
-"""The claims measured in the lab (trained runs read from a folder) and by the cost experiment.
+"""The claims measured in the lab (trained runs) and by the cost experiment.
 
-Lab runs are the ``train.json`` files below ``--lab DIR`` (``sinklab train`` outputs, single runs or
-sweeps). A comparison pairs runs whose configurations are equal except for the compared field;
-each pair (or group) is one sample. Nothing is trained here: a claim with no matching runs is
-"not measured" with what to run.
+Lab runs come from ``sinklab claims`` itself (:mod:`sinklab.claims.lab_runs` trains what the
+claims need, kept in the user cache) or from the ``train.json`` files below ``--lab DIR``
+(``sinklab train`` outputs, single runs or sweeps). A comparison pairs runs whose configurations
+are equal except for the compared field; each pair (or group) is one sample. Every sample carries
+its runs' trajectories and convergence, every comparison its fidelity and emergence checks
+(docs/claims.md#lab-validity); :func:`sinklab.claims.validity.lab_verdict` decides from them.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable
+import math
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from sinklab.claims.measure_model import Measurement
+from sinklab.claims.validity import FIDELITY, RunCheck
 from sinklab.errors import SinklabError
+from sinklab.lab.convergence import (
+    convergence,
+    sink_emerged,
+    sink_ratio,
+    switch_emerged,
+    trajectory,
+)
 from sinklab.meta import restore_non_finite
 from sinklab.safeio import read_json
 
@@ -35,22 +46,43 @@ WITHOUT_BOS = ("packed", "no-bos", "nobos")
 NULL_VARIANTS = ("softmax1", "sink")
 HOW = (
     "train backcopy runs for seeds 0, 1, 2 into one folder, e.g. `sinklab train --task backcopy "
-    "--variant softmax|softmax1|sink --data bos|no-bos [--layers N] [--seq-len T] --seed S "
-    "--out DIR/NAME`, and pass --lab DIR"
+    "--variant softmax|softmax1|sink --data bos|no-bos [--seq-len T --batch-size B] --seed S "
+    "--out DIR/NAME`, and pass --lab DIR (or leave out --lab: sinklab claims trains them)"
 )
 
 
 @dataclass(frozen=True)
 class LabRun:
-    path: Path
+    """One finished run: its configuration, every checkpoint row, the validation numbers and
+    the loss curve (``[(step, loss)]``), and where it was read from."""
+
+    path: Path | None
     config: dict[str, Any]
-    last: dict[str, Any]  # the last checkpoint's row
+    checkpoints: list[dict[str, Any]]
     val: dict[str, Any]
+    loss: list[tuple[int, float]]
+
+    @classmethod
+    def from_json(cls, raw: dict[str, Any], path: Path | None) -> LabRun:
+        checkpoints = [dict(c) for c in raw["checkpoints"]]
+        if not checkpoints:
+            raise ValueError("no checkpoints")
+        loss = [(int(s), float(v)) for s, v in raw.get("loss", [])]
+        return cls(path, dict(raw["config"]), checkpoints, dict(raw.get("val", {})), loss)
+
+    @property
+    def last(self) -> dict[str, Any]:
+        return self.checkpoints[-1]
 
     @property
     def backcopy(self) -> dict[str, Any]:
         bc = self.last.get("backcopy")
         return bc if isinstance(bc, dict) else {}
+
+    @property
+    def steps(self) -> int:
+        steps = self.config.get("steps")
+        return int(steps) if isinstance(steps, int) else int(self.last["step"])
 
     def key(self, *drop: str) -> tuple:
         skip = IGNORED | set(drop)
@@ -60,6 +92,52 @@ class LabRun:
         parts = [f"seed {self.config.get('seed', '?')}"]
         parts += [f"{f} {self.config.get(f)}" for f in fields]
         return ", ".join(parts)
+
+    @property
+    def label(self) -> str:
+        """The run in a few words: ``seed 0 softmax/bos T32x32``."""
+        c = self.config
+        return (
+            f"seed {c.get('seed', '?')} {c.get('variant')}/{c.get('data')} "
+            f"T{c.get('seq_len')}x{c.get('batch_size')}"
+        )
+
+    def convergence(self) -> dict[str, Any]:
+        """The convergence criterion on this run (docs/claims.md#lab-validity)."""
+        return convergence(self.checkpoints, self.steps, self.loss)
+
+    def converged(self) -> RunCheck:
+        c = self.convergence()
+        return RunCheck(self.label, c["met"], c["criterion"], c["reason"])
+
+    def sink(self) -> RunCheck:
+        bc = self.backcopy
+        m, u = _num(bc, "first_token_mass_nontrigger"), _num(bc, "uniform_first_mass_nontrigger")
+        e = sink_emerged(m, u)
+        return RunCheck(self.label, e.met, e.criterion, "" if e.met else f"no sink ({e.detail})")
+
+    def switch(self) -> RunCheck:
+        e = switch_emerged(_num(self.backcopy, "prev_token_mass_trigger"))
+        return RunCheck(self.label, e.met, e.criterion, "" if e.met else f"no switch ({e.detail})")
+
+    def ratio(self) -> float | None:
+        """``r``: the switching head's first-token mass relative to uniform's, last checkpoint."""
+        bc = self.backcopy
+        return sink_ratio(
+            _num(bc, "first_token_mass_nontrigger"), _num(bc, "uniform_first_mass_nontrigger")
+        )
+
+    def evidence(self) -> dict[str, Any]:
+        """What a sample shows of this run: where it is, its trajectory and convergence."""
+        return {
+            "path": None if self.path is None else str(self.path),
+            "convergence": {k: v for k, v in self.convergence().items() if k != "checks"},
+            "trajectory": [_rounded(r) for r in trajectory(self.checkpoints)],
+        }
+
+
+def _rounded(row: dict[str, Any]) -> dict[str, Any]:
+    return {k: round(v, 5) if isinstance(v, float) else v for k, v in row.items()}
 
 
 def load_lab_runs(folder: Path) -> list[LabRun]:
@@ -74,8 +152,7 @@ def load_lab_runs(folder: Path) -> list[LabRun]:
     for path in sorted(folder.rglob("train.json")):
         try:
             raw = restore_non_finite(read_json(path, "lab run", "lab JSON"))
-            config, checkpoints = dict(raw["config"]), list(raw["checkpoints"])
-            run = LabRun(path.parent, config, dict(checkpoints[-1]), dict(raw.get("val", {})))
+            run = LabRun.from_json(raw, path.parent)
         except (SinklabError, OSError, ValueError, KeyError, TypeError, IndexError) as exc:
             log.warning("skipping %s: %s", path, exc)
             continue
@@ -104,8 +181,30 @@ def _backcopy(run: LabRun) -> bool:
     return run.config.get("task", "backcopy" if run.backcopy else "text") == "backcopy"
 
 
+class _Compared:
+    """Collects a comparison's runs once each: their convergence and emergence checks."""
+
+    def __init__(self) -> None:
+        self.convergence: dict[str, RunCheck] = {}
+        self.emergence: dict[str, RunCheck] = {}
+
+    def runs(self, *runs: LabRun) -> dict[str, Any]:
+        for r in runs:
+            self.convergence.setdefault(r.label, r.converged())
+        return {r.label: r.evidence() for r in runs}
+
+    def emerged(self, check: RunCheck) -> None:
+        self.emergence.setdefault(check.name, check)
+
+    def into(self, m: Measurement) -> Measurement:
+        m.convergence = list(self.convergence.values())
+        m.emergence = list(self.emergence.values())
+        return m
+
+
 def _softmax1(runs: list[LabRun]) -> Measurement:
     m = Measurement(sizes={"compared": ["softmax", *NULL_VARIANTS]})
+    seen = _Compared()
     by_key = {(r.key("variant"), r.config.get("variant")): r for r in runs if _backcopy(r)}
     for (key, variant), run in sorted(by_key.items(), key=lambda kv: str(kv[0])):
         if variant != "softmax":
@@ -116,6 +215,7 @@ def _softmax1(runs: list[LabRun]) -> Measurement:
                 continue
             a = _num(run.backcopy, "first_token_mass_nontrigger")
             b = _num(alt.backcopy, "first_token_mass_nontrigger")
+            seen.emerged(run.sink())  # nothing to remove without a sink in the softmax run
             m.samples.append(
                 {
                     "sample": f"{run.name()}, {other}",
@@ -123,41 +223,105 @@ def _softmax1(runs: list[LabRun]) -> Measurement:
                     "softmax": a,
                     other: b,
                     "null_mass_nontrigger": _num(alt.backcopy, "null_mass_nontrigger"),
+                    "runs": seen.runs(run, alt),
                 }
             )
     if not m.samples:
         m.not_measured = "no softmax backcopy run with a softmax1 or sink twin"
-    return m
+    return seen.into(m)
 
 
-def _grows(runs: list[LabRun], field: str) -> Measurement:
-    m = Measurement(sizes={"compared": field, "variant": "softmax"})
+def _sink_rate(run: LabRun) -> float | None:
+    rate = run.last.get("sink_rate")
+    return _num(rate, "0.3") if isinstance(rate, dict) else None
+
+
+def _length(runs: list[LabRun]) -> Measurement:
+    """Short vs long T at equal tokens per step: ``log(r_long / r_short)`` per seed."""
+    m = Measurement(
+        sizes={
+            "compared": "seq_len at equal seq_len x batch_size",
+            "variant": "softmax",
+            "quantity": "r = first-token mass / uniform's (switching head, non-trigger queries)",
+            "also_reported": "sink rate (all heads, eps 0.3), raw first-token mass",
+        }
+    )
+    seen = _Compared()
     groups: dict[tuple, list[LabRun]] = {}
     for r in runs:
-        if r.config.get("variant") == "softmax" and isinstance(r.config.get(field), int):
-            groups.setdefault(r.key(field), []).append(r)
+        c = r.config
+        if c.get("variant") != "softmax" or not _backcopy(r):
+            continue
+        if isinstance(c.get("seq_len"), int) and isinstance(c.get("batch_size"), int):
+            tokens = c["seq_len"] * c["batch_size"]
+            groups.setdefault((r.key("seq_len", "batch_size"), tokens), []).append(r)
+    for (_, tokens), group in sorted(groups.items(), key=lambda kv: str(kv[0])):
+        by_t = {int(r.config["seq_len"]): r for r in group}
+        if len(by_t) < 2:
+            continue
+        lo, hi = by_t[min(by_t)], by_t[max(by_t)]
+        r_lo, r_hi = lo.ratio(), hi.ratio()
+        ok = r_lo is not None and r_hi is not None and r_lo > 0 and r_hi > 0
+        grew = [lo.sink(), hi.sink()]
+        name = f"{lo.name()}, T {min(by_t)} vs {max(by_t)}"
+        seen.emerged(
+            RunCheck(
+                name,
+                any(g.met for g in grew),
+                "a sink in at least one of the two runs",
+                "" if any(g.met for g in grew) else "; ".join(g.reason for g in grew),
+            )
+        )
+        m.samples.append(
+            {
+                "sample": name,
+                "effect": math.log(r_hi / r_lo) if ok else None,
+                "seq_len": [min(by_t), max(by_t)],
+                "tokens_per_step": tokens,
+                "r": {str(min(by_t)): r_lo, str(max(by_t)): r_hi},
+                "first_token_mass": {
+                    str(t): _num(by_t[t].backcopy, "first_token_mass_nontrigger")
+                    for t in (min(by_t), max(by_t))
+                },
+                "sink_rate": {str(t): _sink_rate(by_t[t]) for t in (min(by_t), max(by_t))},
+                "runs": seen.runs(lo, hi),
+            }
+        )
+    if not m.samples:
+        m.not_measured = "no softmax runs that differ only in seq_len at equal tokens per step"
+    return seen.into(m)
+
+
+def _depth(runs: list[LabRun]) -> Measurement:
+    """Shown when ``--lab`` holds a depth sweep; never judged (fidelity none)."""
+    m = Measurement(sizes={"compared": "layers", "variant": "softmax"})
+    seen = _Compared()
+    groups: dict[tuple, list[LabRun]] = {}
+    for r in runs:
+        if r.config.get("variant") == "softmax" and isinstance(r.config.get("layers"), int):
+            groups.setdefault(r.key("layers"), []).append(r)
     for group in groups.values():
-        values = sorted({int(r.config[field]) for r in group})
+        values = sorted({int(r.config["layers"]) for r in group})
         if len(values) < 2:
             continue
-        lo = next(r for r in group if r.config[field] == values[0])
-        hi = next(r for r in group if r.config[field] == values[-1])
+        lo = next(r for r in group if r.config["layers"] == values[0])
+        hi = next(r for r in group if r.config["layers"] == values[-1])
         a, b = _num(hi.last, "first_token_sink_mass"), _num(lo.last, "first_token_sink_mass")
         m.samples.append(
             {
                 "sample": lo.name(),
                 "effect": _diff(a, b),
-                field: values,
+                "layers": values,
                 "sink_mass": {str(values[0]): b, str(values[-1]): a},
+                "runs": seen.runs(lo, hi),
             }
         )
-    if not m.samples:
-        m.not_measured = f"no softmax runs that differ only in {field}"
-    return m
+    return seen.into(m)
 
 
 def _bos(runs: list[LabRun]) -> Measurement:
     m = Measurement(sizes={"with_bos": list(WITH_BOS), "without_bos": list(WITHOUT_BOS)})
+    seen = _Compared()
     groups: dict[tuple, list[LabRun]] = {}
     for r in runs:
         if r.config.get("variant") == "softmax":
@@ -168,27 +332,32 @@ def _bos(runs: list[LabRun]) -> Measurement:
         for a in with_bos:
             for b in without:
                 da, db = _num(a.val, "damage"), _num(b.val, "damage")
+                if _backcopy(a):  # reliance needs a sink on BOS to rely on
+                    seen.emerged(a.sink())
                 m.samples.append(
                     {
                         "sample": f"{a.name()}, {a.config['data']} vs {b.config['data']}",
                         "effect": _diff(da, db),
                         "damage_with_bos": da,
                         "damage_without_bos": db,
+                        "runs": seen.runs(a, b),
                     }
                 )
     if not m.samples:
         m.not_measured = "no softmax runs trained with and without BOS, equal otherwise"
-    return m
+    return seen.into(m)
 
 
 def _hard_switch(runs: list[LabRun]) -> Measurement:
     m = Measurement(sizes={"variant": "softmax", "data": list(WITH_BOS)})
+    seen = _Compared()
     for r in runs:
         if r.config.get("variant") != "softmax" or not _uses_bos(r) or not r.backcopy:
             continue
         bc = r.backcopy
         nt, tr = _num(bc, "first_token_mass_nontrigger"), _num(bc, "first_token_mass_trigger")
         on, off = _num(bc, "output_norm_trigger"), _num(bc, "output_norm_nontrigger")
+        seen.emerged(r.switch())
         m.samples.append(
             {
                 "sample": r.name("layers", "seq_len"),
@@ -196,37 +365,57 @@ def _hard_switch(runs: list[LabRun]) -> Measurement:
                 "first_token_mass_nontrigger": nt,
                 "first_token_mass_trigger": tr,
                 "output_norm_ratio": off / on if on and off is not None else None,
+                "runs": seen.runs(r),
             }
         )
     if not m.samples:
         m.not_measured = "no softmax backcopy run with BOS"
-    return m
+    return seen.into(m)
+
+
+_MAKERS: dict[str, Callable[[list[LabRun]], Measurement]] = {
+    "softmax1-no-sink": _softmax1,
+    "sinks-grow-depth": _depth,
+    "sinks-grow-length": _length,
+    "bos-reliance": _bos,
+    "hard-switch-sink": _hard_switch,
+}
+
+
+def measure_lab_runs(
+    runs: Sequence[LabRun], wanted: Iterable[str], source: dict[str, Any]
+) -> dict[str, Measurement]:
+    """The lab claims in ``wanted`` from ``runs``; ``source`` (where the runs came from) goes
+    into every row's sizes. Each measurement carries its claim's fidelity."""
+    out = {}
+    for c in (c for c in wanted if c in LAB_CLAIMS):
+        m = _MAKERS[c](list(runs))
+        m.fidelity = FIDELITY[c]
+        m.sizes.update(source)
+        m.sizes["runs_found"] = len(runs)
+        if m.not_measured:
+            m.not_measured += f" among the {len(runs)} runs: {HOW}"
+        out[c] = m
+    return out
 
 
 def measure_lab(folder: Path | None, wanted: Iterable[str]) -> dict[str, Measurement]:
     """The lab claims in ``wanted`` from the runs below ``folder`` (None: all not measured)."""
     wanted = [c for c in wanted if c in LAB_CLAIMS]
     if folder is None:
-        return {c: Measurement(not_measured=f"no lab runs given: {HOW}") for c in wanted}
+        return {
+            c: Measurement(not_measured=f"no lab runs given: {HOW}", fidelity=FIDELITY[c])
+            for c in wanted
+        }
     runs = load_lab_runs(folder)
     if not runs:
-        return {c: Measurement(not_measured=f"no train.json below {folder}: {HOW}") for c in wanted}
-    makers: dict[str, Callable[[], Measurement]] = {
-        "softmax1-no-sink": lambda: _softmax1(runs),
-        "sinks-grow-depth": lambda: _grows(runs, "layers"),
-        "sinks-grow-length": lambda: _grows(runs, "seq_len"),
-        "bos-reliance": lambda: _bos(runs),
-        "hard-switch-sink": lambda: _hard_switch(runs),
-    }
-    out = {}
-    for c in wanted:
-        m = makers[c]()
-        m.sizes["lab"] = str(folder)
-        m.sizes["runs_found"] = len(runs)
-        if m.not_measured:
-            m.not_measured += f" among the {len(runs)} runs in {folder}: {HOW}"
-        out[c] = m
-    return out
+        return {
+            c: Measurement(
+                not_measured=f"no train.json below {folder}: {HOW}", fidelity=FIDELITY[c]
+            )
+            for c in wanted
+        }
+    return measure_lab_runs(runs, wanted, {"lab": str(folder)})
 
 
 def measure_cost(cfg: Any, tick: Callable[[str], None]) -> dict[str, Measurement]:

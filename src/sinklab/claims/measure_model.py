@@ -26,11 +26,18 @@ Tick = Callable[[str], None]  # called once per (claim group, sample) done
 
 @dataclass
 class Measurement:
-    """A claim's samples ``[{"sample": name, "effect": x | None, ...}]``, or why there are none."""
+    """A claim's samples ``[{"sample": name, "effect": x | None, ...}]``, or why there are none.
+
+    Lab claims also carry their ``fidelity`` (:class:`sinklab.claims.validity.Fidelity`) and the
+    ``convergence`` / ``emergence`` checks of their compared runs
+    (:class:`sinklab.claims.validity.RunCheck`, docs/claims.md#lab-validity)."""
 
     samples: list[dict[str, Any]] = field(default_factory=list)
     not_measured: str | None = None
     sizes: dict[str, Any] = field(default_factory=dict)
+    fidelity: Any = None
+    convergence: list[Any] = field(default_factory=list)
+    emergence: list[Any] = field(default_factory=list)
 
     def effects(self) -> list[float | None]:
         return [s["effect"] for s in self.samples]

@@ -31,7 +31,7 @@ def text_rows(data: dict[str, Any]) -> list[tuple[str, ...]]:
                 "-" if iv is None else f"[{_num(iv[0])}, {_num(iv[1])}]",
                 claimed(r),
                 f"{r['n_valid']}/{r['n_samples']}",
-                r["verdict"],
+                r.get("verdict_stated", r["verdict"]),
             )
         )
     return rows

@@ -48,8 +48,24 @@ def claims(
         str | None, typer.Option("--claims", help="Comma-separated claim ids (default all).")
     ] = None,
     lab: Annotated[
-        Path | None, typer.Option(help="Folder of lab runs (train.json files) for lab claims.")
+        Path | None,
+        typer.Option(
+            help="Folder of your own lab runs (train.json files); without it the lab claims "
+            "train their runs (3 seeds each, cached: see --lab-cache)."
+        ),
     ] = None,
+    lab_size: Annotated[
+        str, typer.Option(help="Sizes of the lab runs trained: full or quick (docs/claims.md).")
+    ] = "full",
+    lab_steps: Annotated[
+        int | None, typer.Option(help="Steps of each trained lab run (default: the size's).")
+    ] = None,
+    lab_cache: Annotated[
+        bool, typer.Option("--lab-cache", help="Show the lab run cache (folder, runs) and exit.")
+    ] = False,
+    clear_lab_cache: Annotated[
+        bool, typer.Option("--clear-lab-cache", help="Empty the lab run cache and exit.")
+    ] = False,
     tokens: Annotated[int, typer.Option(help="Tokens for probe, geometry, density.")] = 256,
     stream_tokens: Annotated[int, typer.Option(help="Tokens streamed per text.")] = 320,
     window: Annotated[int, typer.Option(help="Streaming: recent tokens kept.")] = 60,
@@ -84,6 +100,9 @@ def claims(
     from sinklab.errors import SinklabError
     from sinklab.meta import attach_meta
 
+    if lab_cache or clear_lab_cache:
+        _cache_command(clear_lab_cache, fmt)
+        return
     config = ClaimsConfig(
         texts=_names(texts, "--texts", "shakespeare:hamlet,my.txt") or DEFAULT_TEXTS,
         windows=windows,
@@ -100,6 +119,8 @@ def claims(
         cost_seeds=cost_seeds,
         cost_steps=cost_steps,
         lab=str(lab) if lab is not None else None,
+        lab_size=lab_size,
+        lab_steps=lab_steps,
         seed=seed,
     )
     several = model_names(model)
@@ -229,6 +250,30 @@ def _print_across(table: list[dict], names: list[str], seconds: list[float]) -> 
     Console().print(view)
 
 
+def _cache_command(clear: bool, fmt: OutputFormat) -> None:
+    """``--lab-cache``: the cache folder and its runs; ``--clear-lab-cache``: empty it."""
+    from sinklab.lab.cache import cache_listing, clear_cache, lab_cache_dir
+
+    folder = lab_cache_dir()
+    if clear:
+        n = clear_cache()
+        if fmt is OutputFormat.json:
+            emit_json({"cache": str(folder), "removed": n})
+        else:
+            print(f"removed {n} cached lab run(s) from {folder}")
+        return
+    rows = cache_listing()
+    if fmt is OutputFormat.json:
+        emit_json({"cache": str(folder), "runs": rows})
+        return
+    print(
+        f"lab run cache: {folder} ({len(rows)} run(s); sinklab claims --clear-lab-cache empties it)"
+    )
+    for r in rows:
+        state = {True: "converged", False: "not converged", None: "-"}[r.get("converged")]
+        print(f"  {r['key']}  {r.get('run', 'unreadable')}  {state if r['readable'] else ''}")
+
+
 def _print_table(data: dict) -> None:
     from rich.console import Console
     from rich.table import Table
@@ -249,6 +294,12 @@ def _print_table(data: dict) -> None:
     console.print(table)
     for line in reasons(data):
         console.print(line)
+    lab = data.get("run", {}).get("lab")
+    if lab:
+        console.print(
+            f"lab runs: {lab['trained']} trained, {lab['reused']} reused from {lab['cache']} "
+            f"({lab['seconds']:.0f} s)"
+        )
 
 
 def register(app: typer.Typer) -> None:

@@ -22,8 +22,10 @@ ABOUT = (
     "three texts (or text windows), with the mean effect, its bootstrap 95 % interval and the "
     "verdict of the one rule in docs/claims.md: supported when the whole interval lies on the "
     "claimed side of the threshold, not supported when none of it does, inconclusive otherwise "
-    "(or with fewer than 3 samples, or when the claim was not measured). Lab claims need trained "
-    "runs (sinklab claims --lab DIR); here they show as not measured."
+    "(or with fewer than 3 samples, or when the claim was not measured). Lab claims train their "
+    "runs here (3 seeds per configuration, kept in the user cache and reused by the next report) "
+    "and are judged only when every compared run converged and grew what the claim is about; "
+    "each says its fidelity to the paper (docs/claims.md#lab-validity)."
 )
 
 
@@ -45,6 +47,7 @@ def _params(ctx: StageContext) -> dict[str, Any]:
         "cost_seeds": 3,
         "cost_lengths": "8,16" if c.quick else "16,32,64",
         "cost_steps": 30 if c.quick else 300,
+        "lab_size": "quick" if c.quick else "full",
         "seed": c.seed,
     }
     p["q0"] = min(c.q0, p["tokens"] - 1)
@@ -58,7 +61,7 @@ def _command(ctx: StageContext) -> list[str]:
     if p["texts"]:
         cmd += ["--texts", p["texts"], "--windows", str(p["windows"])]
     keys = ("tokens", "stream_tokens", "window", "n_sink", "grid", "q0", "eps")
-    keys += ("sensitivity_tokens", "cost_seeds", "cost_lengths", "cost_steps", "seed")
+    keys += ("sensitivity_tokens", "cost_seeds", "cost_lengths", "cost_steps", "lab_size", "seed")
     for key in keys:
         cmd += [f"--{key.replace('_', '-')}", str(p[key])]
     return [*cmd, "--out", reproduce_dir(ctx, "claims")]
@@ -84,6 +87,7 @@ def _run(ctx: StageContext) -> StageOutput:
         cost_seeds=p["cost_seeds"],
         cost_steps=p["cost_steps"],
         cost_lengths=tuple(int(x) for x in p["cost_lengths"].split(",")),
+        lab_size=p["lab_size"],
         seed=p["seed"],
     )
     loaded, start = ctx.loaded, time.perf_counter()
@@ -122,14 +126,14 @@ def claims_table(data: dict[str, Any]) -> TableSpec:
                 Cell(r["id"]),
                 Cell(r["statement"]),
                 Cell(r["paper"]),
-                Cell(r["protocol"]),
+                Cell(r["protocol"] + (f" ({r['fidelity']})" if r.get("fidelity") else "")),
                 Cell(r["site"]),
                 Cell(None, ("claims", i, "effect")) if r["effect"] is not None else Cell("–"),
                 Cell(None, ("claims", i, "interval", 0)) if iv else Cell("–"),
                 Cell(None, ("claims", i, "interval", 1)) if iv else Cell("–"),
                 Cell(claimed(r)),
                 Cell(None, ("claims", i, "n_valid")),
-                Cell(None, ("claims", i, "verdict")),
+                Cell(None, ("claims", i, "verdict_stated" if "verdict_stated" in r else "verdict")),
                 Cell(r["reason"]),
             )
         )
@@ -155,7 +159,7 @@ def claims_table(data: dict[str, Any]) -> TableSpec:
 
 
 def _cost(c: ReportConfig) -> float:
-    return 60.0 if c.quick else 150.0
+    return 120.0 if c.quick else 400.0  # the lab runs included (none when cached)
 
 
 def claims_stage() -> Stage:

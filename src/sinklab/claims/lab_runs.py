@@ -1,0 +1,120 @@
+"""The lab runs ``sinklab claims`` trains for its lab claims (docs/claims.md#lab-validity).
+
+A :class:`LabPlan` names the sizes; :meth:`LabPlan.configs` the runs, ``seeds`` of each:
+``softmax`` with BOS at the short T (the switch, the softmax twin, the BOS twin, the short end of
+the length comparison), each null variant (``softmax1``, ``sink``) with BOS, ``softmax`` without
+BOS, and ``softmax`` at the long T with the batch cut so that tokens per step stay equal.
+:func:`train_lab_runs` trains them through the user cache (:mod:`sinklab.lab.cache`): a second
+claims run with the same sizes and sinklab version trains nothing.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from sinklab.claims.measure_lab import LabRun
+from sinklab.errors import SinklabError
+
+#: callback(label): one call per run done (trained or reused)
+RunCallback = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class LabPlan:
+    """Sizes of the lab runs the claims train (backcopy, 1 layer, 1 head)."""
+
+    steps: int = 1000
+    d_model: int = 32
+    short_len: int = 32
+    long_len: int = 128
+    tokens_per_step: int = 1024  # seq_len x batch_size of every run
+    lr: float = 1e-2
+    seeds: int = 3
+    variants: tuple[str, ...] = ("softmax1", "sink")  # compared with softmax
+    n_checkpoints: int = 8  # log-spaced, plus step 0 and the tail (sinklab.lab.train)
+
+    def __post_init__(self) -> None:
+        if self.seeds < 1 or self.steps < 10:
+            raise SinklabError(f"lab seeds must be >= 1 and steps >= 10, got {self}")
+        if not 8 <= self.short_len < self.long_len:
+            raise SinklabError(
+                f"lab lengths must satisfy 8 <= short < long, got {self.short_len}, {self.long_len}"
+            )
+        for t in (self.short_len, self.long_len):
+            if self.tokens_per_step % t:
+                raise SinklabError(
+                    f"lab tokens per step ({self.tokens_per_step}) must be a multiple of each "
+                    f"length ({t}), so that both lengths see the same tokens per step"
+                )
+
+    def configs(self) -> list[Any]:
+        """Every run's :class:`~sinklab.lab.config.TrainConfig`, seed by seed."""
+        from sinklab.lab.presets import preset
+
+        def one(seed: int, **kw: Any) -> Any:
+            t = kw.pop("seq_len", self.short_len)
+            return preset(
+                "cpu",
+                task="backcopy",
+                steps=self.steps,
+                d_model=self.d_model,
+                lr=self.lr,
+                seq_len=t,
+                batch_size=self.tokens_per_step // t,
+                n_checkpoints=self.n_checkpoints,
+                keep_checkpoints=False,
+                seed=seed,
+                **kw,
+            )
+
+        out = []
+        for seed in range(self.seeds):
+            out.append(one(seed))
+            out += [one(seed, variant=v) for v in self.variants]
+            out.append(one(seed, data="no-bos"))
+            out.append(one(seed, seq_len=self.long_len))
+        return out
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+LAB_SIZES: dict[str, LabPlan] = {
+    # the report's --quick: 12 runs of 300 steps (softmax1 only)
+    "quick": LabPlan(steps=300, variants=("softmax1",)),
+    "full": LabPlan(),
+}
+
+
+def train_lab_runs(
+    plan: LabPlan, callback: RunCallback | None = None
+) -> tuple[list[LabRun], dict[str, Any]]:
+    """Train (or reuse from the cache) every run of ``plan``; the runs and what was done:
+    ``trained`` / ``reused`` counts, ``seconds``, the ``cache`` folder and the ``plan``."""
+    from sinklab.lab.backcopy import BackcopyData
+    from sinklab.lab.cache import cached_train, lab_cache_dir
+
+    t0 = time.perf_counter()
+    runs, trained, reused = [], 0, 0
+    tables: dict[Any, BackcopyData] = {}  # one bigram table per (T, BOS) shared by the seeds
+    for config in plan.configs():
+        bc = config.backcopy_config()
+        data = tables.setdefault(bc, BackcopyData(bc))
+        result, was_cached = cached_train(config, data=data)
+        reused += was_cached
+        trained += not was_cached
+        run = LabRun.from_json(result.to_json(), result.out)
+        runs.append(run)
+        if callback is not None:
+            callback(run.label)
+    facts = {
+        "cache": str(lab_cache_dir()),
+        "trained": trained,
+        "reused": reused,
+        "seconds": round(time.perf_counter() - t0, 2),
+        "plan": plan.to_json(),
+    }
+    return runs, facts

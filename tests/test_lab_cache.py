@@ -1,0 +1,70 @@
+"""Lab runs in the user cache: reused only for the identical configuration and sinklab version,
+listed and cleared; trained whole or not at all."""
+
+import json
+
+import pytest
+
+import sinklab
+from sinklab.lab import cache
+from sinklab.lab.presets import preset
+
+TINY = dict(task="backcopy", steps=4, d_model=16, seq_len=16, batch_size=4, n_checkpoints=2)
+
+
+@pytest.fixture
+def root(tmp_path, monkeypatch):
+    monkeypatch.setenv("SINKLAB_CACHE", str(tmp_path / "c"))
+    return tmp_path / "c" / "lab"
+
+
+def test_a_run_is_reused_only_for_the_same_config_and_version(root, monkeypatch):
+    cfg = preset("cpu", **TINY)
+    assert cache.lab_cache_dir() == root
+    first, reused = cache.cached_train(cfg)
+    assert not reused and first.out == root / cache.run_key(cfg)
+    again, reused = cache.cached_train(cfg)
+    assert reused and again.to_json()["checkpoints"] == first.to_json()["checkpoints"]
+    assert again.loss == first.loss
+    other = preset("cpu", **{**TINY, "seed": 1})  # one field differs: a different run
+    assert cache.run_key(other) != cache.run_key(cfg) and cache.cached_result(other) is None
+    _, reused = cache.cached_train(other)
+    assert not reused
+    monkeypatch.setattr(sinklab, "__version__", "0.0.0-other")  # another version: retrain
+    assert cache.cached_result(cfg) is None
+    _, reused = cache.cached_train(cfg)
+    assert not reused and len(list(root.iterdir())) == 3
+    stored = json.loads((root / cache.run_key(cfg) / cache.KEY_FILE).read_text())
+    assert stored == {"config": json.loads(json.dumps(stored["config"])), "sinklab": "0.0.0-other"}
+
+
+def test_a_changed_train_json_is_not_reused(root):
+    cfg = preset("cpu", **TINY)
+    res, _ = cache.cached_train(cfg)
+    path = res.out / "train.json"
+    raw = json.loads(path.read_text())
+    raw["config"]["lr"] = 0.5  # a folder whose run is not the key's
+    path.write_text(json.dumps(raw))
+    assert cache.cached_result(cfg) is None
+    assert not cache.cached_train(cfg)[1]
+
+
+def test_listing_and_clearing(root):
+    cfg = preset("cpu", **TINY)
+    cache.cached_train(cfg)
+    rows = cache.cache_listing()
+    assert [r["key"] for r in rows] == [cache.run_key(cfg)]
+    assert rows[0]["run"].startswith("backcopy softmax/bos T16x4") and "seed 0" in rows[0]["run"]
+    assert rows[0]["converged"] is False  # 4 steps: the copy loss is far from 0
+    assert cache.clear_cache() == 1 and cache.cache_listing() == []
+    assert cache.clear_cache() == 0
+
+
+def test_an_interrupted_run_leaves_nothing(root, monkeypatch):
+    def boom(*a, **k):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cache, "train", boom)
+    with pytest.raises(KeyboardInterrupt):
+        cache.cached_train(preset("cpu", **TINY))
+    assert list(root.iterdir()) == []

@@ -1,0 +1,150 @@
+"""The validity rules of docs/claims.md#lab-validity on synthetic trajectories: a converged run,
+one still rising, one oscillating, one that grew no sink, each giving the stated verdict."""
+
+import math
+
+import pytest
+
+from sinklab.claims.rules import bootstrap_interval
+from sinklab.claims.validity import FIDELITY, Fidelity, RunCheck, lab_verdict, stated
+from sinklab.errors import SinklabError
+from sinklab.lab.convergence import (
+    BAND,
+    convergence,
+    copy_loss_at_floor,
+    loss_plateau,
+    read_out_settled,
+    sink_emerged,
+    switch_emerged,
+)
+from sinklab.lab.train import checkpoint_steps
+
+STEPS = 1000
+
+
+def _checkpoints(mass, copy_loss=0.01, uniform=0.1, prev=0.95):
+    """Backcopy checkpoint rows at the real schedule, the read-out ``mass(step)``."""
+    return [
+        {
+            "step": s,
+            "sink_rate": {"0.3": 1.0 if mass(s) > 0.3 else 0.0},
+            "backcopy": {
+                "first_token_mass_nontrigger": mass(s),
+                "uniform_first_mass_nontrigger": uniform,
+                "backcopy_loss": copy_loss if s == STEPS else 4.0 * (1 - s / STEPS) + copy_loss,
+                "prev_token_mass_trigger": prev,
+            },
+        }
+        for s in checkpoint_steps(STEPS, 8)
+    ]
+
+
+def converged(s):  # rises, then flat at 0.6 long before the tail
+    return 0.6 * (1 - math.exp(-s / 100))
+
+
+def rising(s):  # still climbing by 0.2 over the last 20 %
+    return 0.6 * s / STEPS
+
+
+def oscillating(s):  # swings 0.3 <-> 0.6 between tail checkpoints
+    return 0.45 + 0.15 * (-1) ** (s // 50)
+
+
+def flat_low(s):  # never grows: uniform's mass
+    return 0.1
+
+
+def test_the_schedule_has_log_spaced_and_tail_checkpoints():
+    steps = checkpoint_steps(STEPS, 8)
+    assert steps[0] == 0 and steps[-1] == STEPS and steps == sorted(set(steps))
+    assert [s for s in steps if s >= 800] == [800, 850, 900, 950, 1000]
+    assert {1, 3, 7, 19, 52, 139, 373} <= set(steps)  # 1000 ** (i / 7)
+
+
+@pytest.mark.parametrize(
+    "mass, met, needle",
+    [
+        (converged, True, ""),
+        (rising, False, "read-out 0.48..0.6"),
+        (oscillating, False, "read-out 0.3..0.6"),
+        (flat_low, True, ""),  # settled (at nothing): convergence holds, emergence will not
+    ],
+)
+def test_convergence_of_synthetic_runs(mass, met, needle):
+    c = convergence(_checkpoints(mass), STEPS)
+    assert c["met"] is met and needle in c["reason"]
+    assert "within 0.05" in c["criterion"] and "copy loss <= 0.05" in c["criterion"]
+
+
+def test_each_criterion_fails_alone():
+    assert not convergence(_checkpoints(converged, copy_loss=0.2), STEPS)["met"]
+    assert copy_loss_at_floor(0.05).met and not copy_loss_at_floor(0.0501).met
+    assert not copy_loss_at_floor(None).met
+    pts = [(800, 0.5), (900, 0.5 + BAND - 1e-9), (1000, 0.5)]
+    assert read_out_settled(pts, STEPS).met
+    assert not read_out_settled([(800, 0.5), (900, 0.5 + BAND + 1e-3), (1000, 0.5)], STEPS).met
+    few = read_out_settled([(500, 0.5), (900, 0.5), (1000, 0.5)], STEPS)
+    assert not few.met and "only 2 checkpoint(s)" in few.detail
+    assert not read_out_settled([(800, 0.5), (900, math.nan), (1000, 0.5)], STEPS).met
+
+
+def test_text_runs_read_the_loss_plateau():
+    flat = [(s, 3.0 + 1.0 / s) for s in range(1, 201)]  # last 10 % falls ~0.0005
+    falling = [(s, 5.0 - 0.01 * s) for s in range(1, 201)]  # falls 0.2 per 10 %
+    assert loss_plateau(flat).met and not loss_plateau(falling).met
+    assert "fell 0.2" in loss_plateau(falling).detail
+
+
+def test_emergence_criteria():
+    assert sink_emerged(0.375, 0.125).met and not sink_emerged(0.29, 0.1).met
+    assert "r 2.9" in sink_emerged(0.29, 0.1).detail
+    assert not sink_emerged(None, 0.1).met and not sink_emerged(0.3, 0.0).met
+    assert switch_emerged(0.5).met and not switch_emerged(0.49).met
+
+
+def _verdict(masses, fidelity=FIDELITY["softmax1-no-sink"], effects=(0.3, 0.35, 0.4)):
+    """A comparison of three seeds whose runs follow ``masses`` (the first must grow a sink)."""
+    conv, emer = [], []
+    for seed, mass in enumerate(masses):
+        cps = _checkpoints(mass)
+        c = convergence(cps, STEPS)
+        conv.append(RunCheck(f"seed {seed}", c["met"], c["criterion"], c["reason"]))
+        last = cps[-1]["backcopy"]
+        e = sink_emerged(last["first_token_mass_nontrigger"], last["uniform_first_mass_nontrigger"])
+        emer.append(RunCheck(f"seed {seed}", e.met, e.criterion, e.detail))
+    interval = bootstrap_interval(list(effects))
+    return lab_verdict(interval, "above", 0.0, fidelity, conv, emer)
+
+
+def test_verdicts_of_synthetic_comparisons():
+    v = _verdict([converged] * 3)
+    assert v.verdict == "supported" and "on backcopy (a proxy" in v.reason
+    assert stated(v.verdict, "backcopy") == "supported on backcopy"
+    v = _verdict([converged] * 3, effects=(-0.3, -0.2, -0.1))
+    assert v.verdict == "not supported" and stated(v.verdict, "backcopy").endswith("on backcopy")
+    v = _verdict([converged, rising, converged])
+    assert v.verdict == "inconclusive" and v.reason.startswith("not converged: seed 1: read-out")
+    v = _verdict([oscillating, converged, converged])
+    assert v.verdict == "inconclusive" and "seed 0: read-out 0.3..0.6" in v.reason
+    v = _verdict([flat_low] * 3)
+    assert v.verdict == "inconclusive" and v.reason.startswith("no emergence: seed 0: m 0.1, r 1")
+    assert stated("inconclusive", "backcopy") == "inconclusive"
+
+
+def test_same_protocol_keeps_the_plain_reason_and_none_is_never_judged():
+    v = _verdict([converged] * 3, fidelity=FIDELITY["hard-switch-sink"])
+    assert v.verdict == "supported" and "proxy" not in v.reason
+    v = _verdict([converged] * 3, fidelity=FIDELITY["sinks-grow-depth"])
+    assert v.verdict == "inconclusive" and "no CPU-scale set-up here tests it" in v.reason
+    none = lab_verdict(None, "above", 0.0, FIDELITY["bos-reliance"], [], [], not_measured="x")
+    assert none.verdict == "inconclusive" and none.reason == "not measured: x"
+
+
+def test_every_lab_claim_has_a_fidelity():
+    from sinklab.claims.measure_lab import LAB_CLAIMS
+
+    assert set(FIDELITY) == set(LAB_CLAIMS)
+    assert FIDELITY["sinks-grow-length"].label.startswith("proxy: ")
+    with pytest.raises(SinklabError, match="fidelity"):
+        Fidelity("roughly")
