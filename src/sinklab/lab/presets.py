@@ -26,16 +26,19 @@ BACKCOPY_CPU: dict[str, Any] = {
 }
 PRESETS: dict[str, dict[str, Any]] = {
     "cpu": {},
-    # ~30M parameters, 512-token context: minutes on one modern GPU
+    # ~30M parameters on 2,048-token sequences, 32,768 tokens per step: sized for sinks to
+    # emerge on text within ~10 minutes of one modern GPU (Gu et al. 2025 see them after 1-2k
+    # steps of a 60M model at T 2,048); benchmarks/lab_gpu.py runs its length sweep at constant
+    # tokens per step. Untested on a GPU so far.
     "gpu": {
-        "steps": 5000,
+        "steps": 2000,
         "layers": 8,
         "d_model": 512,
         "heads": 8,
-        "seq_len": 512,
-        "batch_size": 64,
+        "seq_len": 2048,
+        "batch_size": 16,
         "lr": 1e-3,
-        "warmup": 300,
+        "warmup": 200,
         "device": "cuda",
         "vocab_size": 4096,
     },
