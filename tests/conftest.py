@@ -3,7 +3,10 @@ embedded corpus, and the real SmolLM2 (session-scoped, for tests marked ``integr
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
@@ -12,6 +15,10 @@ import torch
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+# lab runs the claims train go to a cache of the test session (removed at exit), never the user's
+if "SINKLAB_LAB_CACHE" not in os.environ:
+    os.environ["SINKLAB_LAB_CACHE"] = tempfile.mkdtemp(prefix="sinklab-lab-cache-")
+    atexit.register(shutil.rmtree, os.environ["SINKLAB_LAB_CACHE"], True)
 # two threads per process at most; under pytest-xdist the cores are shared among the workers
 _WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
 torch.set_num_threads(max(1, min(2, (os.cpu_count() or 1) // _WORKERS)))

@@ -239,7 +239,7 @@ def test_default_claims_train_the_lab_runs_and_reuse_them(tmp_path, monkeypatch)
     row says "not measured"; a second run trains nothing and gives the same numbers."""
     from sinklab.lab.cache import cache_listing
 
-    monkeypatch.setenv("SINKLAB_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("SINKLAB_LAB_CACHE", str(tmp_path / "cache"))
     lab = ("softmax1-no-sink", "sinks-grow-depth", "sinks-grow-length", "bos-reliance",
            "hard-switch-sink", "sink-cheaper")  # fmt: skip
     cfg = ClaimsConfig(claims=lab, lab_size="quick", lab_steps=10, cost_lengths=(4, 8),

@@ -30,7 +30,7 @@ def one_thread():
 
 
 def test_claims_json_and_files(capsys, tmp_path, tiny_model_dir, one_thread, monkeypatch):
-    monkeypatch.setenv("SINKLAB_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("SINKLAB_LAB_CACHE", str(tmp_path / "cache"))
     out = tmp_path / "claims-out"
     args = ["claims", "--model", str(tiny_model_dir("llama")), "--claims", SOME, *FAST,
             "--lab-size", "quick", "--lab-steps", "10"]  # fmt: skip
@@ -119,7 +119,7 @@ def test_the_lab_cache_is_shown_and_cleared(capsys, tmp_path, monkeypatch):
     from sinklab.lab.cache import cached_train, run_key
     from sinklab.lab.presets import preset
 
-    monkeypatch.setenv("SINKLAB_CACHE", str(tmp_path / "c"))
+    monkeypatch.setenv("SINKLAB_LAB_CACHE", str(tmp_path / "c" / "lab"))
     cfg = preset("cpu", task="backcopy", steps=3, d_model=16, seq_len=16, batch_size=2,
                  n_checkpoints=2)  # fmt: skip
     cached_train(cfg)

@@ -14,6 +14,7 @@ TINY = dict(task="backcopy", steps=4, d_model=16, seq_len=16, batch_size=4, n_ch
 
 @pytest.fixture
 def root(tmp_path, monkeypatch):
+    monkeypatch.delenv("SINKLAB_LAB_CACHE", raising=False)  # the path below the user cache
     monkeypatch.setenv("SINKLAB_CACHE", str(tmp_path / "c"))
     return tmp_path / "c" / "lab"
 

@@ -14,7 +14,8 @@ from sinklab.ablate import get_experiment
 
 STAGES = "claims,probe,first-token,mask-sink,geometry"
 # the report's own sizes for a 2-layer random model, and a threshold that is not the default
-SIZES = ("probe_tokens=64", "probe_lengths=32,64", "q0=4", "ablate_tokens=40", "eps=0.45")
+SIZES = ("probe_tokens=64", "probe_lengths=32,64", "q0=4", "ablate_tokens=40", "eps=0.45",
+         "lab_steps=10")  # fmt: skip
 
 
 @pytest.fixture(scope="module")

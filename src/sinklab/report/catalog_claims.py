@@ -48,6 +48,7 @@ def _params(ctx: StageContext) -> dict[str, Any]:
         "cost_lengths": "8,16" if c.quick else "16,32,64",
         "cost_steps": 30 if c.quick else 300,
         "lab_size": "quick" if c.quick else "full",
+        "lab_steps": c.lab_steps,
         "seed": c.seed,
     }
     p["q0"] = min(c.q0, p["tokens"] - 1)
@@ -62,6 +63,8 @@ def _command(ctx: StageContext) -> list[str]:
         cmd += ["--texts", p["texts"], "--windows", str(p["windows"])]
     keys = ("tokens", "stream_tokens", "window", "n_sink", "grid", "q0", "eps")
     keys += ("sensitivity_tokens", "cost_seeds", "cost_lengths", "cost_steps", "lab_size", "seed")
+    if p["lab_steps"] is not None:
+        keys += ("lab_steps",)
     for key in keys:
         cmd += [f"--{key.replace('_', '-')}", str(p[key])]
     return [*cmd, "--out", reproduce_dir(ctx, "claims")]
@@ -88,6 +91,7 @@ def _run(ctx: StageContext) -> StageOutput:
         cost_steps=p["cost_steps"],
         cost_lengths=tuple(int(x) for x in p["cost_lengths"].split(",")),
         lab_size=p["lab_size"],
+        lab_steps=p["lab_steps"],
         seed=p["seed"],
     )
     loaded, start = ctx.loaded, time.perf_counter()

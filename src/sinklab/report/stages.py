@@ -58,6 +58,7 @@ class ReportConfig:
     ablate_tokens: int = 256  # length of the ablation experiments' input
     sensitivity_grid: int = 6  # (t, i) grid side for the Jacobian experiment
     seed: int = 0
+    lab_steps: int | None = None  # steps of the claims' lab runs (None: the lab size's)
     stages: tuple[str, ...] | None = None  # None = every stage
 
     def __post_init__(self) -> None:
@@ -88,6 +89,8 @@ class ReportConfig:
                 f"report probe_lengths must be at most {MAX_TOKENS:,} tokens, got "
                 f"{max(self.probe_lengths):,}; pass smaller --set probe_lengths"
             )
+        if self.lab_steps is not None and self.lab_steps < 10:
+            raise SinklabError(f"report lab_steps must be at least 10, got {self.lab_steps}")
         if not 0 < self.eps < 1:
             raise SinklabError(f"report eps must be in (0, 1), got {self.eps}")
         if not 0 <= self.q0 < min(self.probe_tokens, self.ablate_tokens):
