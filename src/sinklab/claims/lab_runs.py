@@ -10,6 +10,7 @@ claims run with the same sizes and sinklab version trains nothing.
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -89,32 +90,42 @@ LAB_SIZES: dict[str, LabPlan] = {
 }
 
 
+LAB_WORKERS = 2  # runs trained side by side, one process and one thread each (2 cores)
+
+
 def train_lab_runs(
-    plan: LabPlan, callback: RunCallback | None = None
+    plan: LabPlan, callback: RunCallback | None = None, workers: int = LAB_WORKERS
 ) -> tuple[list[LabRun], dict[str, Any]]:
     """Train (or reuse from the cache) every run of ``plan``; the runs and what was done:
-    ``trained`` / ``reused`` counts, ``seconds``, the ``cache`` folder and the ``plan``."""
-    from sinklab.lab.backcopy import BackcopyData
-    from sinklab.lab.cache import cached_train, lab_cache_dir
+    ``trained`` / ``reused`` counts, ``seconds``, ``workers``, the ``cache`` folder and the
+    ``plan``. Runs not in the cache train in up to ``workers`` fresh processes at once
+    (:func:`sinklab.lab.cache.train_in_processes`, one thread each)."""
+    from sinklab.lab.cache import cached_result, lab_cache_dir, train_in_processes
 
     t0 = time.perf_counter()
-    runs, trained, reused = [], 0, 0
-    tables: dict[Any, BackcopyData] = {}  # one bigram table per (T, BOS) shared by the seeds
-    for config in plan.configs():
-        bc = config.backcopy_config()
-        data = tables.setdefault(bc, BackcopyData(bc))
-        result, was_cached = cached_train(config, data=data)
-        reused += was_cached
-        trained += not was_cached
-        run = LabRun.from_json(result.to_json(), result.out)
-        runs.append(run)
+    configs = plan.configs()
+    found: dict[int, LabRun] = {}
+
+    def take(i: int) -> bool:
+        prior = cached_result(configs[i])
+        if prior is None:
+            return False
+        found[i] = LabRun.from_json(prior.to_json(), prior.out)
         if callback is not None:
-            callback(run.label)
+            callback(found[i].label)
+        return True
+
+    missing = [i for i in range(len(configs)) if not take(i)]
+    n_workers = max(1, min(workers, len(missing), os.cpu_count() or 1))
+    train_in_processes([configs[i] for i in missing], n_workers, lambda k: take(missing[k]))
+    if lost := [configs[i] for i in missing if i not in found]:
+        raise SinklabError(f"a lab run finished but its cache folder is unreadable: {lost[0]}")
     facts = {
         "cache": str(lab_cache_dir()),
-        "trained": trained,
-        "reused": reused,
+        "trained": len(missing),
+        "reused": len(configs) - len(missing),
         "seconds": round(time.perf_counter() - t0, 2),
+        "workers": n_workers if missing else 0,
         "plan": plan.to_json(),
     }
-    return runs, facts
+    return [found[i] for i in range(len(configs))], facts

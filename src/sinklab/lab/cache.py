@@ -15,12 +15,17 @@ import json
 import logging
 import os
 import shutil
-from collections.abc import Callable
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Sequence
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 import sinklab
+from sinklab.errors import SinklabError
 from sinklab.lab.config import TrainConfig
 from sinklab.lab.train import TrainResult, load_result, train
 from sinklab.meta import write_json_atomic
@@ -32,10 +37,11 @@ KEY_FILE = "cache_key.json"  # beside train.json: what the folder's name hashes
 
 def lab_cache_dir() -> Path:
     """``$SINKLAB_LAB_CACHE`` when set, else ``<sinklab cache>/lab`` (``$SINKLAB_CACHE``, else
-    ``$XDG_CACHE_HOME/sinklab``, else ``~/.cache/sinklab``: :func:`sinklab.models.cache_dir`)."""
+    ``$XDG_CACHE_HOME/sinklab``, else ``~/.cache/sinklab``:
+    :func:`sinklab.models.loading.cache_dir`)."""
     if env := os.environ.get("SINKLAB_LAB_CACHE"):
         return Path(env).expanduser()
-    from sinklab.models import cache_dir
+    from sinklab.models.loading import cache_dir
 
     return cache_dir() / "lab"
 
@@ -133,3 +139,69 @@ def clear_cache(root: Path | None = None) -> int:
             shutil.rmtree(folder)
             n += 1
     return n
+
+
+def train_in_processes(
+    configs: Sequence[TrainConfig], workers: int, on_done: Callable[[int], None]
+) -> None:
+    """Train each of ``configs`` into the cache, ``workers`` at a time, each in a fresh
+    ``python -m sinklab.lab.cache`` process on one thread (tiny models gain nothing from more;
+    on a busy machine two threads spin-wait). ``on_done(k)`` is called as ``configs[k]``
+    finishes. A failed run raises SinklabError with its last line; an interrupt stops the
+    running processes (their half-written folders are hidden and never reused)."""
+    package_root = str(Path(sinklab.__file__).resolve().parents[1])
+    path = os.pathsep.join(p for p in (package_root, os.environ.get("PYTHONPATH")) if p)
+    env = {**os.environ, "PYTHONPATH": path, "OMP_NUM_THREADS": "1"}
+    pending = list(range(len(configs)))
+    running: dict[int, tuple[subprocess.Popen, Any]] = {}
+    try:
+        while pending or running:
+            while pending and len(running) < max(1, workers):
+                k = pending.pop(0)
+                err = tempfile.TemporaryFile()  # noqa: SIM115 -- closed when the run ends
+                blob = json.dumps(asdict(configs[k]))
+                cmd = [sys.executable, "-m", "sinklab.lab.cache", blob]
+                proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=err, env=env)
+                running[k] = (proc, err)
+            time.sleep(0.1)
+            for k, (proc, err) in list(running.items()):
+                if proc.poll() is None:
+                    continue
+                del running[k]
+                err.seek(0)
+                lines = err.read().decode(errors="replace").strip().splitlines()
+                err.close()
+                if proc.returncode != 0:
+                    last = lines[-1] if lines else f"exit status {proc.returncode}"
+                    raise SinklabError(f"a lab run failed ({configs[k]}): {last}")
+                on_done(k)
+    finally:
+        for proc, err in running.values():
+            proc.terminate()
+            proc.wait()
+            err.close()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m sinklab.lab.cache CONFIG_JSON``: train one run into the cache on one thread
+    (the worker of :func:`train_in_processes`)."""
+    import logging as _logging
+    import warnings
+
+    import torch
+
+    warnings.filterwarnings("ignore")
+    _logging.disable(_logging.WARNING)
+    torch.set_num_threads(1)
+    args = list(sys.argv[1:] if argv is None else argv)
+    try:
+        config = TrainConfig(**json.loads(args[0]))
+        cached_train(config)
+    except (SinklabError, ValueError, TypeError, IndexError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
