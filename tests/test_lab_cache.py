@@ -81,6 +81,6 @@ def test_runs_train_in_worker_processes_into_the_cache(root):
     for cfg in cfgs:  # each worker's run is the cache's, equal to one trained here
         assert cache.cached_result(cfg).loss == cache.train(cfg).loss
     bad = preset("cpu", **{**TINY, "seq_len": 4})  # the worker refuses it: one line, here
-    with pytest.raises(SinklabError, match="a lab run failed .*seq_len must be in 8..8192"):
+    with pytest.raises(SinklabError, match=r"a lab run failed .*seq_len must be in 8\.\.8192"):
         cache.train_in_processes([bad], 1, done.append)
     assert sorted(done) == [0, 1]  # nothing reported for the failed run
