@@ -227,9 +227,15 @@ def main(argv: list[str] | None = None) -> dict:
     texts = prompts(400)
     ns = [int(x) for x in args.clients.split(",") if x]
     rounds: list[list[dict]] = []
+    from sinklab.meta import versions, write_json_atomic
+
     for r in range(args.rounds):
         order = ns if r % 2 == 0 else ns[::-1]
-        rounds.append([load_arm(n, args, texts) for n in order])
+        rounds.append([])
+        for n in order:
+            rounds[-1].append(load_arm(n, args, texts))
+            if args.out:  # each arm as it ends: a run cut short keeps what it measured
+                write_json_atomic(args.out.with_suffix(".partial.json"), {"rounds": rounds})
     arms = {}
     for n in ns:
         runs = [a for rnd in rounds for a in rnd if a["clients"] == n]
@@ -242,7 +248,6 @@ def main(argv: list[str] | None = None) -> dict:
     one = arms.get("1", {}).get("tokens_per_s")
     for a in arms.values():
         a["speedup_vs_1"] = round(a["tokens_per_s"] / one, 2) if one else None
-    from sinklab.meta import versions, write_json_atomic
 
     out = {
         "benchmark": "serve_load",
