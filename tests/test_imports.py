@@ -30,6 +30,7 @@ CORE = {
     "sinklab.corpus",
     "sinklab.meta",
     "sinklab.outputs",
+    "sinklab.progress",
 }
 LAYERS = {"core": 0, "area": 1, "report": 2, "commands": 3, "cli": 4}
 # The documented exceptions: (importer, imported, why).

@@ -140,3 +140,34 @@ def test_smollm2_window_collapses_sink_tracks_recompute(smollm2):
     on_scored = {p: math.exp(float(x[scored].mean())) for p, x in nll.items()}
     assert ppl["window"] > 2 * ppl["sink"], ppl
     assert abs(on_scored["sink"] / on_scored["recompute"] - 1) < 0.05, on_scored
+
+
+def test_one_policy_table_and_stream_run(llama):
+    """Every policy is one row of POLICIES (the default run, `--policy all`, the report's order);
+    StreamRun's progress ends at its total, and its argv parses back to the same config."""
+    from sinklab.commands.stream import parse_policies
+    from sinklab.stream import POLICIES, StreamRun
+
+    assert StreamConfig().policies == tuple(POLICIES) == parse_policies("all")
+    assert tuple(POLICIES) == ("dense", "window", "sink", "sink-auto", "recompute")
+    config = StreamConfig(("window", "recompute"), 2, 4, 20, recompute_every=3, segment=5)
+    assert [config.scored_every(p) for p in config.policies] == [1, 3]
+    assert config.work("recompute") == pytest.approx(6 / 12)
+    calls: list[tuple[float, float, str]] = []
+    result = StreamRun(config).run(llama, _ids(30), lambda d, t, note: calls.append((d, t, note)))
+    assert calls[-1][0] == pytest.approx(calls[-1][1]) == pytest.approx(19 * 1.5)
+    assert calls[-1][2].startswith("recompute 19/19 ppl")
+    assert len(result.policies["window"].nll) == 19  # the first `tokens` only
+    argv = StreamRun(config).argv(["--model", "m"], "t.txt", "o")
+    opts = dict(zip(argv[2::2], argv[3::2], strict=True))
+    assert argv[:2] == ["sinklab", "stream"] and opts["--policy"] == "window,recompute"
+    rebuilt = StreamConfig(
+        parse_policies(opts["--policy"]),
+        int(opts["--n-sink"]),
+        int(opts["--window"]),
+        int(opts["--tokens"]),
+        int(opts["--recompute-every"]),
+        segment=int(opts["--segment"]),
+        method=opts["--method"],
+    )
+    assert rebuilt == config and opts["--text"] == "t.txt" and opts["--out"] == "o"

@@ -5,6 +5,10 @@ from __future__ import annotations
 import os
 import resource
 
+#: tokens (or targets) between two samples of the resident set, and between two progress
+#: reports, in every streaming loop (the step loop, the oracle, generation)
+SAMPLE_EVERY = 16
+
 
 def rss_mb() -> float:
     """Current resident set size in MiB (Linux ``/proc``; peak RSS elsewhere)."""

@@ -23,7 +23,7 @@ from sinklab.commands.common import (
     stderr,
 )
 from sinklab.errors import SinklabError
-from sinklab.stream.cache import POLICIES
+from sinklab.stream.evaluate import POLICIES
 
 PolicyOpt = Annotated[
     str,
@@ -103,26 +103,23 @@ def stream(
     from sinklab.corpus import load_text, token_stream
     from sinklab.meta import attach_meta
     from sinklab.outputs import check_out, write_results
-    from sinklab.stream.evaluate import StreamConfig, streaming_perplexity
-    from sinklab.stream.summary import (
-        block_size,
-        collapse_sentence,
-        method_line,
-        plot_block_ppl,
-        plot_running_ppl,
-        policy_lines,
-    )
+    from sinklab.stream.evaluate import StreamConfig
+    from sinklab.stream.run import StreamRun
+    from sinklab.stream.summary import block_size, collapse_sentence, method_line, policy_lines
 
-    # cheap checks first: sizes, policies and the text fail before the model loads
-    config = StreamConfig(
-        parse_policies(policy),
-        n_sink,
-        window,
-        tokens,
-        recompute_every,
-        segment=block_size(tokens) if segment is None else segment,
-        method=method,
+    # parse: sizes, policies and the text fail before the model loads
+    run = StreamRun(
+        StreamConfig(
+            parse_policies(policy),
+            n_sink,
+            window,
+            tokens,
+            recompute_every,
+            segment=block_size(tokens) if segment is None else segment,
+            method=method,
+        )
     )
+    config = run.config
     out = check_out(out, "stream")
     txt = load_text(text)
     loaded = load(model, dtype, device, trust_remote_code)
@@ -130,24 +127,21 @@ def stream(
         check_positions(loaded.info, tokens, "--tokens", " (the dense policy keeps them all)")
     chosen, _ = config.check_model(loaded.model)  # refusals here, before any work
     ids = token_stream(txt, loaded.tokenizer, tokens)
+    # run: one bar per policy, its rate in scored targets a second (the oracle: every K-th)
     start = time.perf_counter()
     with progress() as bars:
-        ticks = {}
-        for p in config.policies:  # rates in scored targets a second (the oracle scores every K-th)
-            scale = 1 / recompute_every if p == "recompute" else 1.0
-            ticks[p] = bars.callback(f"{p} ({chosen})", tokens - 1, unit="tok", scale=scale)
-        result = streaming_perplexity(
-            loaded.model,
-            ids,
-            config,
-            lambda pol, done, total, ppl: ticks[pol](done, total, f"ppl {ppl:.2f}"),
-        )
-    data = attach_meta(result, loaded.info, txt, config, time.perf_counter() - start).to_json()
+        each = {
+            p: bars.callback(
+                f"{p} ({chosen})", tokens - 1, unit="tok", scale=1 / config.scored_every(p)
+            )
+            for p in config.policies
+        }
+        result = run.run(loaded.model, ids, each=each)
+    data = attach_meta(result, loaded.info, txt, run.params(), time.perf_counter() - start)
+    data = data.to_json()
+    # write, then print
     written = write_results(
-        out,
-        "stream",
-        {"stream.json": data},
-        lambda folder: [plot_running_ppl(data, folder), plot_block_ppl(data, folder)],
+        out, "stream", {"stream.json": data}, lambda folder: run.figures(data, folder)
     )
     for line in [method_line(data), *policy_lines(data), collapse_sentence(data)]:
         if line:

@@ -23,76 +23,54 @@ from sinklab.stream.summary import (
     plot_running_ppl,
 )
 
-POLICIES = ("dense", "window", "sink", "sink-auto", "recompute")
+
+def _stream_run(ctx: StageContext) -> Any:
+    """The stage's run: every policy, the report's sizes, the method chosen per model."""
+    from sinklab.stream.evaluate import StreamConfig
+    from sinklab.stream.run import StreamRun
+
+    c = ctx.config
+    tokens = ctx.cap_tokens(c.stream_tokens)
+    return StreamRun(
+        StreamConfig(
+            n_sink=c.n_sink,
+            window=c.window,
+            n_tokens=tokens,
+            recompute_every=c.recompute_every,
+            segment=block_size(tokens),
+            method="auto",
+        )
+    )
 
 
 def _params(ctx: StageContext) -> dict[str, Any]:
-    c = ctx.config
+    c = _stream_run(ctx).config
     return {
-        "tokens": ctx.cap_tokens(c.stream_tokens),
-        "policies": list(POLICIES),
+        "tokens": c.n_tokens,
+        "policies": list(c.policies),
         "n_sink": c.n_sink,
         "window": c.window,
         "recompute_every": c.recompute_every,
-        "method": "auto",
-        "segment": block_size(ctx.cap_tokens(c.stream_tokens)),
+        "method": c.method,
+        "segment": c.segment,
     }
 
 
 def _command(ctx: StageContext) -> list[str]:
-    p = _params(ctx)
-    return [
-        "sinklab",
-        "stream",
-        *ctx.model_args,
-        "--text",
-        ctx.text_spec,
-        "--tokens",
-        str(p["tokens"]),
-        "--policy",
-        ",".join(POLICIES),
-        "--n-sink",
-        str(p["n_sink"]),
-        "--window",
-        str(p["window"]),
-        "--recompute-every",
-        str(p["recompute_every"]),
-        "--segment",
-        str(p["segment"]),
-        "--method",
-        p["method"],
-        "--out",
-        reproduce_dir(ctx, "stream"),
-    ]
+    return _stream_run(ctx).argv(ctx.model_args, ctx.text_spec, reproduce_dir(ctx, "stream"))
 
 
 def _run(ctx: StageContext) -> StageOutput:
     from sinklab.meta import attach_meta
-    from sinklab.stream.evaluate import StreamConfig, streaming_perplexity
 
-    p = _params(ctx)
-    config = StreamConfig(
-        policies=POLICIES,
-        n_sink=p["n_sink"],
-        window=p["window"],
-        n_tokens=p["tokens"],
-        recompute_every=p["recompute_every"],
-        segment=p["segment"],
-        method=p["method"],
-    )
-    # progress weights ~ work: a chunked token each; an oracle target re-reads the whole window
-    oracle = (p["n_sink"] + p["window"]) / (4 * p["recompute_every"])
-    weights = {pol: (oracle if pol == "recompute" else 1.0) for pol in POLICIES}
-    total = sum(weights.values())
-
-    def callback(policy: str, done: int, n: int, ppl: float) -> None:
-        before = sum(weights[q] for q in POLICIES[: POLICIES.index(policy)])
-        frac = (before + weights[policy] * done / max(1, n)) / total
-        ctx.progress(frac, f"{policy} {done}/{n} ppl {ppl:.1f}")
-
+    run = _stream_run(ctx)
     start = time.perf_counter()
-    result = streaming_perplexity(ctx.loaded.model, ctx.ids(p["tokens"]), config, callback)
-    attach_meta(result, ctx.loaded.info, ctx.text, config, time.perf_counter() - start)
+    result = run.run(
+        ctx.loaded.model,
+        ctx.ids(run.tokens),
+        lambda done, total, note: ctx.progress(done / max(total, 1e-9), note),
+    )
+    attach_meta(result, ctx.loaded.info, ctx.text, run.params(), time.perf_counter() - start)
     data = result.to_json()
     figs = [_figure(ctx, data), _block_figure(ctx, data)]
     return StageOutput(data, figs, [_table(data)], _notes(data))

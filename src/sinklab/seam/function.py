@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from sinklab.attention import causal_mask, fused_attention, repeat_kv
+from sinklab.attention import FUSED_VARIANTS, causal_mask, fused_attention, repeat_kv
 from sinklab.errors import SinklabError
 from sinklab.models.arch import dispatches_attention
 from sinklab.seam.binding import bind, bound_handlers
@@ -22,7 +22,6 @@ from sinklab.seam.handlers import AttentionHandler
 from sinklab.seam.observe import FUSED, observe_attention, route
 
 ATTN_NAME = "sinklab"
-FUSED_VARIANTS = ("softmax", "softmax1", "sink")
 
 
 def _bool_mask(attention_mask: Tensor | None, tq: int, tk: int, device) -> Tensor:

@@ -46,7 +46,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from sinklab.attention import sink_softmax
-from sinklab.errors import SinklabError
+from sinklab.errors import SinklabError, check_positive
 from sinklab.models.arch import attention_modules, decoder_config, input_device, layer_kinds
 from sinklab.models.rotary import Rope
 from sinklab.seam import check_supported
@@ -369,8 +369,7 @@ def chunked_nll(
     Positions: the step loop's (:meth:`SinkCache.prepare`): below ``max_position`` (the model's
     ``max_position_embeddings``) for every bounded policy; before the token that would reach it,
     positions restart at ``kept`` (the stored keys rotated back once). Chunks end there."""
-    if chunk < 1:
-        raise SinklabError(f"chunk must be a positive integer, got {chunk}")
+    check_positive({"chunk": chunk})
     reason = chunked_refusal(model, cache_config)
     if reason is not None:
         raise SinklabError(reason)

@@ -24,8 +24,9 @@ cache-relative positions only need the right differences:
 Storage is a preallocated ring of ``n_sink + window + 1`` slots per layer; the extra slot takes
 the incoming token, which attends to the kept positions plus itself (StreamingLLM's step). A
 decode step writes one slot and rewrites the sink slots: no KV tensor is concatenated, unlike
-``DynamicCache``. One query needs no mask (positions live in the keys); multi-token chunks get
-the kept keys then the chunk, under the causal mask built from :meth:`SinkCache.get_mask_sizes`.
+``DynamicCache``. One query needs no mask (positions live in the keys); a forward of several
+tokens gets the kept keys then the new ones, under the causal mask built from
+:meth:`SinkCache.get_mask_sizes`.
 
 Positions that never grow: with ``model.generate`` the model sees positions up to the stream
 length, so float32 angles drift (about ``position * 6e-8`` rad; measured in the README). sinklab's
@@ -37,7 +38,7 @@ kept keys rotated back by the same amount (O(kept)), so its positions restart at
 Many streams: each batch row is an independent stream (its own slots, sinks, positions, base; see
 :mod:`sinklab.stream.slots`). ``model.generate`` with left-padded prompts works (the layout keeps
 each row's invalid slots a prefix of the keys, which is what its 2D padding mask says; a row's
-new tokens are told from its padding by the positions, so read a padded prompt in one chunk, not
+new tokens are told from its padding by the positions, so read a padded prompt in one forward, not
 with a ``prefill_chunk_size`` shorter than the padding); sinklab's
 loops add (:meth:`SinkCache.add_streams`) and remove (:meth:`SinkCache.keep_streams`) streams
 between steps, feed rows different numbers of tokens (left-padded), and fit a prompt into the
@@ -65,13 +66,12 @@ from sinklab.models.arch import (
 )
 from sinklab.models.rotary import rope_of
 from sinklab.stream.layer import SinkLayer, Step
-from sinklab.stream.policy import CACHE_POLICIES, POLICIES, CacheConfig, kept_positions
-from sinklab.stream.slots import Plan, Row, check_positions, plan_chunk, plan_ring, ring_slots
+from sinklab.stream.policy import CACHE_POLICIES, CacheConfig, kept_positions
+from sinklab.stream.slots import Plan, Row, plan_columns, plan_ring, real_tokens, ring_slots
 from sinklab.stream.state import StreamState, check_states, fill_from_states, state_of
 
 __all__ = [
     "CACHE_POLICIES",
-    "POLICIES",
     "CacheConfig",
     "SinkCache",
     "SinkLayer",
@@ -318,7 +318,7 @@ class SinkCache(Cache):
             else:
                 pos = position_ids.reshape(-1, position_ids.shape[-1])
                 last = pos[:, -1].expand(b).tolist() if pos.shape[0] == 1 else pos[:, -1].tolist()
-            plan = self._plan(q, check_positions(self.rows, q, last))
+            plan = self._plan(q, real_tokens(self.rows, q, last))
         self._step = Step(plan, self.rope)
         self.seen += q
 
@@ -337,7 +337,7 @@ class SinkCache(Cache):
                 self.rows, self.n_used, self.capacity + 1, self.sinks, self.recent
             )
         else:
-            plan, self.n_used = plan_chunk(self.rows, q, real, self.sinks, self.recent)
+            plan, self.n_used = plan_columns(self.rows, q, real, self.sinks, self.recent)
         return plan
 
     def _bound(self, b: int, n: int) -> None:

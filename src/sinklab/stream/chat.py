@@ -21,7 +21,13 @@ import torch
 from sinklab.errors import SinklabError
 from sinklab.models.arch import input_device
 from sinklab.stream.cache import CacheConfig, SinkCache
-from sinklab.stream.generation import TextStream, check_decoding, eos_ids, next_token, read_chunked
+from sinklab.stream.generation import (
+    TextStream,
+    check_decoding,
+    eos_ids,
+    next_token,
+    read_prompt,
+)
 
 
 def _common(a: str, b: str) -> int:
@@ -208,7 +214,7 @@ class ChatSession:
             raise SinklabError("nothing to read for this turn")
         if len(ids) == 1:
             return self._forward(ids)
-        return read_chunked(self.model, self.cache, ids, chunk, fit=True, watch=self._watch)
+        return read_prompt(self.model, self.cache, ids, chunk, fit=True, watch=self._watch)
 
     def stats(self) -> dict[str, Any]:
         """Tokens seen, kept (and the bound), positions, the last reply's speed."""

@@ -32,34 +32,35 @@ import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
+from functools import partial
 from typing import Any
 
 import torch
 from torch import Tensor
 
-from sinklab.errors import SinklabError
-from sinklab.memory import rss_mb
+from sinklab.errors import SinklabError, check_positive
+from sinklab.memory import SAMPLE_EVERY, rss_mb
 from sinklab.models.arch import input_device
 from sinklab.probe import ProbeConfig, probe
 from sinklab.stream.band import DEFAULT_CHUNK, chunked_nll, chunked_refusal
-from sinklab.stream.cache import POLICIES, CacheConfig, SinkCache
+from sinklab.stream.cache import CacheConfig, SinkCache
 from sinklab.stream.oracle import recompute_nll, recompute_nll_batched
 from sinklab.stream.summary import collapse_point
 
 __all__ = [
     "METHODS",
+    "POLICIES",
+    "PolicyResult",
     "StreamConfig",
-    "recompute_nll",
-    "recompute_nll_batched",
-    "rss_mb",
+    "StreamResult",
     "stream_nll",
+    "streaming_perplexity",
 ]
 
 log = logging.getLogger(__name__)
 
 #: callback(policy, done, total, running_ppl): called every few tokens and at the end
 StreamCallback = Callable[[str, int, int, float], None]
-_EVERY = 16  # callback / RSS sampling period, in tokens
 METHODS = ("auto", "chunked", "step")  # same NLLs; step is the token-by-token reference
 
 
@@ -67,7 +68,7 @@ METHODS = ("auto", "chunked", "step")  # same NLLs; step is the token-by-token r
 class StreamConfig:
     """One streaming-perplexity run; recorded in ``meta.params``."""
 
-    policies: tuple[str, ...] = ("dense", "window", "sink", "recompute", "sink-auto")
+    policies: tuple[str, ...] = field(default_factory=lambda: tuple(POLICIES))  # all, in order
     n_sink: int = 4
     window: int = 508
     n_tokens: int = 4000
@@ -90,18 +91,17 @@ class StreamConfig:
             raise SinklabError(
                 f"unknown policy {', '.join(bad) or '(none)'}; choose from {', '.join(POLICIES)}"
             )
-        sizes = {
-            "n_sink": self.n_sink,
-            "window": self.window,
-            "recompute_every": self.recompute_every,
-            "probe_tokens": self.probe_tokens,
-            "segment": self.segment,
-            "chunk": self.chunk,
-            "oracle_batch": self.oracle_batch,
-        }
-        for name, value in sizes.items():
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise SinklabError(f"{name} must be a positive integer, got {value!r}")
+        check_positive(
+            {
+                "n_sink": self.n_sink,
+                "window": self.window,
+                "recompute_every": self.recompute_every,
+                "probe_tokens": self.probe_tokens,
+                "segment": self.segment,
+                "chunk": self.chunk,
+                "oracle_batch": self.oracle_batch,
+            }
+        )
         if self.n_tokens < 2:
             raise SinklabError(f"tokens must be at least 2, got {self.n_tokens}")
 
@@ -109,10 +109,28 @@ class StreamConfig:
         """Refuse, before any work, a model whose keys the sink cache cannot move, or that
         ``method="chunked"`` cannot serve (one-line reason). ``dense`` moves no key, so it alone
         streams every model. -> :meth:`choose_method`'s (method, why)."""
-        moving = [p for p in self.policies if p in ("window", "sink", "sink-auto")]
-        if moving:
-            SinkCache(model, self.cache_config("window" if moving == ["window"] else "sink"))
+        for cache in self._caches():
+            if cache.policy != "dense":
+                SinkCache(model, cache)
         return self.choose_method(model)
+
+    def _caches(self) -> list[CacheConfig]:
+        """The caches this run's policies stream through (one per kind; sink-auto's sinks come
+        later, so its cache is checked with sink's sizes)."""
+        kinds = (POLICIES[p].cache for p in self.policies)
+        return [self.cache_config(k) for k in dict.fromkeys(k for k in kinds if k is not None)]
+
+    def scored_every(self, policy: str) -> int:
+        """Every how many targets ``policy`` scores one (the oracle: ``recompute_every``)."""
+        return 1 if POLICIES[policy].cache is not None else self.recompute_every
+
+    def work(self, policy: str) -> float:
+        """``policy``'s share of a run's work per token, for a progress bar: a cached token
+        costs 1; an oracle target re-reads its whole window (about a quarter of a token each, on
+        a CPU), every ``recompute_every``-th target."""
+        if POLICIES[policy].cache is not None:
+            return 1.0
+        return (self.n_sink + self.window) / (4 * self.recompute_every)
 
     def choose_method(self, model: Any) -> tuple[str, str]:
         """The method this run uses on ``model`` and why, before any work: ``step`` as asked;
@@ -121,12 +139,7 @@ class StreamConfig:
         cache: chunked batches its windows on every model.)"""
         if self.method == "step":
             return "step", "asked for"
-        configs = dict.fromkeys(  # sink-auto's sinks come later; its cache has sink's sizes
-            self.cache_config("sink" if p == "sink-auto" else p)
-            for p in self.policies
-            if p != "recompute"
-        )
-        reasons = [r for c in configs if (r := chunked_refusal(model, c))]
+        reasons = [r for c in self._caches() if (r := chunked_refusal(model, c))]
         if self.method == "chunked":
             if reasons:
                 raise SinklabError(reasons[0])
@@ -222,7 +235,7 @@ def stream_nll(
     cache_config: CacheConfig,
     callback: Callable[[int, int, float], None] | None = None,
     out: Tensor | None = None,
-    period: int = _EVERY,
+    period: int = SAMPLE_EVERY,
 ) -> tuple[Tensor, int, float]:
     """Token by token through a :class:`SinkCache`: ``ids`` (T,) -> (nll (T-1,), most positions
     cached, peak sampled RSS MiB). ``out`` (T-1,) float64, if given, is filled as it goes (a
@@ -255,6 +268,74 @@ def choose_sinks(model: Any, prefix: Tensor, n_sink: int) -> tuple[int, ...]:
     return tuple(sorted(found + fill))
 
 
+@dataclass(frozen=True)
+class Loop:
+    """How a policy's runner loops and reports: ``chunked`` (the band evaluator and batched
+    oracle) or the step loop; ``callback(done, total, running_ppl)``; ``out`` (T-1,) float64
+    filled as it goes; ``period``: targets between callbacks of the one-per-forward loops."""
+
+    chunked: bool
+    callback: Callable[[int, int, float], None] | None = None
+    out: Tensor | None = None
+    period: int = SAMPLE_EVERY
+
+    def through(self, model: Any, ids: Tensor, cache: CacheConfig, chunk: int) -> Any:
+        """``ids`` through ``cache`` -> (nll, most positions cached, peak RSS MiB)."""
+        if self.chunked:
+            return chunked_nll(model, ids, cache, chunk, self.callback, rss_mb, self.out)
+        return stream_nll(model, ids, cache, self.callback, self.out, self.period)
+
+
+#: (nll (T-1,) NaN where unscored, most positions cached (None: no cache), peak sampled RSS
+#: MiB, the sinks chosen (sink-auto; else None))
+PolicyOutput = tuple[Tensor, "int | None", float, "tuple[int, ...] | None"]
+Runner = Callable[[Any, Tensor, StreamConfig, Loop], PolicyOutput]
+
+
+def _cached(model: Any, ids: Tensor, config: StreamConfig, loop: Loop, *, policy: str) -> Any:
+    """A cache policy: its cache through the step loop or the band evaluator."""
+    return (*loop.through(model, ids, config.cache_config(policy), config.chunk), None)
+
+
+def _sink_auto(model: Any, ids: Tensor, config: StreamConfig, loop: Loop) -> Any:
+    """sink-auto: sinks chosen by the probe on the prefix, then the sink cache with them."""
+    n_probe = min(config.probe_tokens, config.n_sink + config.window, ids.numel())
+    sinks = choose_sinks(model, ids[:n_probe], config.n_sink)
+    cache = config.cache_config("sink-auto", sinks)
+    return (*loop.through(model, ids, cache, config.chunk), sinks)
+
+
+def _recompute(model: Any, ids: Tensor, config: StreamConfig, loop: Loop) -> Any:
+    """The oracle: a fresh forward per scored target (batched windows when chunked)."""
+    args = (model, ids, config.n_sink, config.window, config.recompute_every)
+    if loop.chunked:
+        batch = config.oracle_batch
+        nll, _, peak = recompute_nll_batched(*args, batch, loop.callback, rss_mb, loop.out)
+    else:
+        nll, _, peak = recompute_nll(*args, loop.callback, rss_mb, loop.out, loop.period)
+    return nll, None, peak, None
+
+
+@dataclass(frozen=True)
+class Policy:
+    """One streaming policy: how it runs, and the cache whose sizes and refusals apply to it
+    (``None``: no cache, the oracle, which scores every ``recompute_every``-th target)."""
+
+    run: Runner
+    cache: str | None
+
+
+#: Every policy, in the order ``--policy all``, the report and the figures use: adding a policy
+#: adds its row here (and, for a new kind of cache, its rule in :mod:`sinklab.stream.policy`).
+POLICIES: dict[str, Policy] = {
+    "dense": Policy(partial(_cached, policy="dense"), "dense"),
+    "window": Policy(partial(_cached, policy="window"), "window"),
+    "sink": Policy(partial(_cached, policy="sink"), "sink"),
+    "sink-auto": Policy(_sink_auto, "sink"),
+    "recompute": Policy(_recompute, None),
+}
+
+
 def run_policy(
     model: Any,
     ids: Tensor,
@@ -262,7 +343,7 @@ def run_policy(
     policy: str,
     callback: Callable[[int, int, float], None] | None = None,
     out: Tensor | None = None,
-    period: int = _EVERY,
+    period: int = SAMPLE_EVERY,
     method: str | None = None,
 ) -> tuple[Tensor, int | None, float, tuple[int, ...] | None]:
     """One policy on ``ids`` (T,) by ``method`` (chunked | step; None: ``config``'s choice,
@@ -271,23 +352,7 @@ def run_policy(
     ``callback(done, total, running_ppl)``; ``out`` (T-1,) float64 is filled as the loop goes;
     ``period``: tokens (targets) between callbacks of the one-per-forward loops."""
     chunked = (method or config.choose_method(model)[0]) == "chunked"
-    if policy == "recompute":
-        args = (model, ids, config.n_sink, config.window, config.recompute_every)
-        if chunked:
-            nll, _, peak = recompute_nll_batched(*args, config.oracle_batch, callback, rss_mb, out)
-        else:
-            nll, _, peak = recompute_nll(*args, callback, rss_mb, out, period)
-        return nll, None, peak, None
-    sinks = None
-    if policy == "sink-auto":
-        n_probe = min(config.probe_tokens, config.n_sink + config.window, ids.numel())
-        sinks = choose_sinks(model, ids[:n_probe], config.n_sink)
-    cache_config = config.cache_config(policy, sinks)
-    if chunked:
-        nll, most, peak = chunked_nll(model, ids, cache_config, config.chunk, callback, rss_mb, out)
-    else:
-        nll, most, peak = stream_nll(model, ids, cache_config, callback, out, period)
-    return nll, most, peak, sinks
+    return POLICIES[policy].run(model, ids, config, Loop(chunked, callback, out, period))
 
 
 def streaming_perplexity(

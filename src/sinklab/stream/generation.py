@@ -19,21 +19,17 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from sinklab.errors import SinklabError
-from sinklab.memory import rss_mb
+from sinklab.errors import SinklabError, check_positive
+from sinklab.memory import SAMPLE_EVERY, rss_mb
 from sinklab.models.arch import input_device
 from sinklab.stream.cache import CacheConfig, SinkCache
 from sinklab.stream.state import StreamState
-
-_EVERY = 16  # RSS sampling period, in tokens
 
 
 def check_decoding(config: Any, sizes: Sequence[str]) -> None:
     """A decoding config's checks (generation's and chat's): each of ``sizes`` a positive integer,
     ``config.temperature`` finite and >= 0 (0 = greedy). Raises :class:`SinklabError`."""
-    for name in sizes:
-        if getattr(config, name) < 1:
-            raise SinklabError(f"{name} must be a positive integer, got {getattr(config, name)}")
+    check_positive({name: getattr(config, name) for name in sizes})
     if not config.temperature >= 0 or math.isinf(config.temperature):
         raise SinklabError(
             f"temperature must be a finite number >= 0 (0 = greedy), got {config.temperature}"
@@ -115,26 +111,27 @@ def eos_ids(model: Any, tokenizer: Any) -> set[int]:
     return ids
 
 
-def read_chunked(
+def read_prompt(
     model: Any,
     cache: SinkCache,
     ids: Sequence[int],
-    chunk: int,
+    piece: int,
     fit: bool = False,
     watch: Callable[[dict[str, Tensor]], None] | None = None,
 ) -> Tensor:
-    """Read ``ids`` into ``cache`` (one stream) in chunks below the position bound; ``fit``: make
-    room first (:meth:`SinkCache.evict_for_space`), so each chunk attends to at most
+    """Prefill: read ``ids`` into ``cache`` (one stream), ``piece`` tokens a forward, below the
+    position bound; ``fit``: make
+    room first (:meth:`SinkCache.evict_for_space`), so each piece attends to at most
     ``n_sink + window`` positions. ``watch(inputs)`` after each forward (what ``prepare`` gave).
     -> logits of the last token (V,)."""
     dev = input_device(model)
     if cache.max_position and cache.capacity is not None:
-        chunk = max(1, min(chunk, cache.max_position - cache.capacity))
+        piece = max(1, min(piece, cache.max_position - cache.capacity))
     if fit and cache.capacity is not None:
-        chunk = min(chunk, cache.config.window)
+        piece = min(piece, cache.config.window)
     logits = None
-    for i in range(0, len(ids), chunk):
-        part = list(ids[i : i + chunk])
+    for i in range(0, len(ids), piece):
+        part = list(ids[i : i + piece])
         if fit:
             cache.evict_for_space(len(part))
         x = torch.tensor([part], device=dev)
@@ -173,7 +170,7 @@ def generate(
         nonlocal top
         top = max(top, int(extra["position_ids"].max()))
 
-    logits = read_chunked(model, cache, prompt, config.prefill_chunk, watch=watch)
+    logits = read_prompt(model, cache, prompt, config.prefill_chunk, watch=watch)
     while True:
         tok = int(next_token(logits[None], config.temperature, gen)[0])
         tokens.append(tok)
@@ -181,7 +178,7 @@ def generate(
             on_text(piece)
         if on_token is not None:
             on_token(len(tokens))
-        if len(tokens) % _EVERY == 0:
+        if len(tokens) % SAMPLE_EVERY == 0:
             peak = max(peak, rss_mb())
         if tok in stops or len(tokens) == config.max_new_tokens:
             break

@@ -124,7 +124,7 @@ class SinkLayer(CacheLayerMixin):
                 self._rewrite(step, self.keys)
             n = plan.kv_len
             return self.keys[:, :, :n], self.values[:, :, :n]
-        # chunk path: kept keys right-aligned per row, then the chunk; then re-pack the ring
+        # columns path: kept keys right-aligned per row, then the new columns; re-pack the ring
         b, h, _, d = self.keys.shape
         gather = step.gather.to(dev)[:, None, :, None]
         old_k = self.keys.gather(2, gather.expand(b, h, -1, d))

@@ -18,12 +18,12 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from sinklab.errors import SinklabError
+from sinklab.errors import check_positive
+from sinklab.memory import SAMPLE_EVERY
 from sinklab.models.arch import input_device
 from sinklab.stream.policy import kept_positions
 
 Tick = Callable[[int, int, float], None]  # (targets done up to, total, running ppl)
-_EVERY = 16
 
 
 def _nll_rows(logits: Tensor, targets: Tensor) -> Tensor:
@@ -59,7 +59,7 @@ def recompute_nll(
     ``out`` (T-1,) float64 is filled as it goes; ``callback`` every ``period`` targets."""
     dev, n = input_device(model), ids.numel() - 1
     nll = _buffer(n, out)
-    period = period or max(1, _EVERY // every)
+    period = period or max(1, SAMPLE_EVERY // every)
     sample = rss or (lambda: 0.0)
     targets = range(0, n, every)
     total, longest, peak = 0.0, 0, sample()
@@ -89,8 +89,7 @@ def recompute_nll_batched(
     out: Tensor | None = None,
 ) -> tuple[Tensor, int, float]:
     """:func:`recompute_nll`'s result, ``batch`` targets' windows per forward."""
-    if batch < 1:
-        raise SinklabError(f"oracle batch must be a positive integer, got {batch}")
+    check_positive({"oracle batch": batch})
     dev, n = input_device(model), ids.numel() - 1
     nll = _buffer(n, out)
     sample = rss or (lambda: 0.0)

@@ -7,8 +7,9 @@ from dataclasses import dataclass
 
 from sinklab.errors import SinklabError
 
-POLICIES = ("dense", "window", "sink", "recompute", "sink-auto")
-CACHE_POLICIES = ("dense", "window", "sink", "sink-auto")  # recompute is not a cache
+#: what a cache can keep (every streaming policy but the recompute oracle, which has no cache;
+#: the streaming policies are :data:`sinklab.stream.evaluate.POLICIES`)
+CACHE_POLICIES = ("dense", "window", "sink", "sink-auto")
 
 
 @dataclass(frozen=True)

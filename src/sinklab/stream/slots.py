@@ -63,15 +63,15 @@ class Row:
 class Plan:
     """One forward, for every layer. ``captures``: (row, sink index, new column) of sinks read now;
     ``rewrites``: (row, sink index, destination, delta positions) where destination is a slot
-    (ring) or a row of the gathered old keys (chunk)."""
+    (ring) or a row of the gathered old keys (columns)."""
 
     q: int
     real: list[int]  # per row, new real tokens (the last ``real[b]`` of the q columns)
     kv_len: int  # keys the queries attend to
     valid: list[list[bool]]  # (B, kv_len): a real key (pre-eviction); [] = all are
     slots: list[int] | None = None  # ring: per row, the slot written
-    gather: list[list[int]] | None = None  # chunk: per row, old slots right-aligned (L_old)
-    keep: list[list[int]] | None = None  # chunk: per row, rows of cat(old, new) kept, right-aligned
+    gather: list[list[int]] | None = None  # columns: per row, old slots right-aligned (L_old)
+    keep: list[list[int]] | None = None  # columns: per row, kept rows of cat(old, new)
     keep_valid: list[list[bool]] | None = None
     captures: list[tuple[int, int, int]] = field(default_factory=list)
     rewrites: list[tuple[int, int, int, int]] = field(default_factory=list)
@@ -153,7 +153,7 @@ def plan_ring(
     return plan, n_used
 
 
-def plan_chunk(
+def plan_columns(
     rows: Sequence[Row],
     q: int,
     real: Sequence[int],
@@ -205,7 +205,7 @@ def plan_chunk(
     return plan, n_used
 
 
-def check_positions(rows: Sequence[Row], q: int, last: Sequence[int]) -> list[int]:
+def real_tokens(rows: Sequence[Row], q: int, last: Sequence[int]) -> list[int]:
     """New real tokens per row from the last position each row was given (left padding), or
     :class:`SinklabError` when the positions do not continue the rows' streams."""
     real = []

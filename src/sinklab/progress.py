@@ -1,0 +1,18 @@
+"""The one progress protocol: ``progress(done, total, note)``.
+
+Every long library run (:class:`~sinklab.probe.run.ProbeRun`,
+:class:`~sinklab.stream.run.StreamRun`, the report's stages) reports through a callable of this
+shape: ``done`` out of ``total`` units of its work (layers, tokens, weighted tokens), and a short
+``note`` saying what it is doing. The CLI's bars (``commands.common.Bars.callback``) and the
+report's overall bar are both such callables, so a run never knows who is watching.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+Progress = Callable[[float, float, str], None]
+
+
+def quiet(done: float, total: float, note: str = "") -> None:
+    """A :data:`Progress` that shows nothing (the default of a library call)."""
