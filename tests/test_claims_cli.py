@@ -141,3 +141,33 @@ def test_a_users_folder_is_refused_before_work(capsys, tmp_path: Path):
     code, _, err = run_main(capsys, "claims", "--claims", "sink-cheaper", "--out", str(mine))
     one_line_error(code, err, "sinklab did not write")
     assert (mine / "notes.txt").read_text() == "mine"
+
+
+def test_the_claims_table_on_a_narrow_pipe_cuts_no_verdict():
+    """On a pipe at 80 columns every verdict and number is printed whole (no "inconclusi…")."""
+    import io
+
+    from rich.console import Console
+
+    from sinklab.commands.claims import _print_table
+
+    row = {
+        "id": "a-rather-long-claim-identifier",
+        "site": "attention weights of every head in every layer",
+        "effect": 0.61234,
+        "interval": [0.5, 0.70001],
+        "direction": "below",
+        "threshold": 0.25,
+        "n_valid": 2,
+        "n_samples": 3,
+        "verdict": "inconclusive",
+        "reason": "only 2 of 3 samples",
+    }
+    rows = [row, {**row, "id": "another-long-claim-identifier", "verdict": "not supported"}]
+    buf = io.StringIO()
+    _print_table({"claims": rows}, Console(file=buf, width=80, force_terminal=False))
+    out = buf.getvalue()
+    assert "…" not in out
+    for r in rows:
+        line = next(ln for ln in out.splitlines() if r["id"] in ln)
+        assert r["verdict"] in line and "[0.5, 0.7]" in line and "< 0.25" in line

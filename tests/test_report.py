@@ -387,9 +387,23 @@ CHROMIUM_FLAGS = (
 )
 
 
-def screenshot_page(index: Path, png: Path, profile: Path) -> tuple[list[dict], list[int]]:
+FIRST_SCREEN = """
+const rows = [...document.querySelectorAll('#verdicts tr[data-claim]')];
+return {height: window.innerHeight, width: window.innerWidth, rows: rows.map(tr => {
+  const badge = tr.querySelector('.verdict').getBoundingClientRect();
+  return {claim: tr.dataset.claim, verdict: tr.querySelector('.verdict').textContent,
+          top: badge.top, bottom: badge.bottom, left: badge.left, right: badge.right,
+          row: tr.getBoundingClientRect().bottom};
+})};
+"""
+
+
+def screenshot_page(
+    index: Path, png: Path, profile: Path, first_screen: dict | None = None
+) -> tuple[list[dict], list[int]]:
     """Open ``index`` from disk in headless Chromium; return (console log, image natural widths)
-    and save a full-page screenshot to ``png``."""
+    and save a full-page screenshot to ``png``. ``first_screen`` (a dict) receives where the
+    verdict table's rows sit in the first 1280 x 900 viewport (before any scrolling)."""
     from selenium import webdriver
     from selenium.webdriver.chrome.service import Service
     from selenium.webdriver.common.by import By
@@ -403,6 +417,8 @@ def screenshot_page(index: Path, png: Path, profile: Path) -> tuple[list[dict], 
     try:
         driver.set_page_load_timeout(30)
         driver.get(index.as_uri())
+        if first_screen is not None:
+            first_screen.update(driver.execute_script(FIRST_SCREEN))
         widths = [
             int(driver.execute_script("return arguments[0].naturalWidth;", img))
             for img in driver.find_elements(By.TAG_NAME, "img")
@@ -422,10 +438,19 @@ def test_report_in_headless_chromium(quick_report: Path, tmp_path):
             "headless Chromium is missing: run `make browser` (apt chromium chromium-driver)"
         )
     png = tmp_path / "report.png"
-    logs, widths = screenshot_page(quick_report / "index.html", png, tmp_path / "profile")
+    first: dict = {}
+    logs, widths = screenshot_page(quick_report / "index.html", png, tmp_path / "profile", first)
     errors = [entry for entry in logs if entry["level"] in ("SEVERE", "ERROR")]
     assert errors == [], errors
     n_images = parse_page(quick_report / "index.html").images
     assert len(widths) == len(n_images) and all(w > 0 for w in widths), widths
     width, height = png_size(png.read_bytes())
     assert width >= 1000 and height >= 900
+    # the first screen states every verdict: each claim's row and badge lie inside the viewport
+    claims = json.loads((quick_report / "results.json").read_text())["stages"]["claims"]["json"]
+    assert [(r["claim"], r["verdict"]) for r in first["rows"]] == [
+        (c["id"], c["verdict"]) for c in claims["claims"]
+    ]
+    for r in first["rows"]:
+        assert r["top"] >= 0 and r["bottom"] <= first["height"] and r["row"] <= first["height"], r
+        assert r["left"] >= 0 and r["right"] <= first["width"], r

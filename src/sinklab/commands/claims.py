@@ -236,7 +236,6 @@ def _claims_across(
 
 
 def _print_across(table: list[dict], names: list[str], seconds: list[float]) -> None:
-    from rich.console import Console
     from rich.table import Table
 
     from sinklab.claims.across import text_rows
@@ -247,7 +246,7 @@ def _print_across(table: list[dict], names: list[str], seconds: list[float]) -> 
         view.add_column(col, no_wrap=col in ("claim", "claimed"))
     for row in text_rows(table, names):
         view.add_row(*row)
-    Console().print(view)
+    _print_whole(view)
 
 
 def _cache_command(clear: bool, fmt: OutputFormat) -> None:
@@ -274,8 +273,23 @@ def _cache_command(clear: bool, fmt: OutputFormat) -> None:
         print(f"  {r['key']}  {r.get('run', 'unreadable')}  {state if r['readable'] else ''}")
 
 
-def _print_table(data: dict) -> None:
+def _print_whole(table: Any, console: Any = None) -> Any:
+    """Print a rich table on stdout. On a terminal it fits the screen; on a pipe or in a file it
+    is as wide as it needs, so no verdict or number is ever cut short. -> the console used."""
     from rich.console import Console
+    from rich.measure import Measurement
+
+    console = console or Console()
+    if not console.is_terminal:
+        need = Measurement.get(console, console.options.update_width(10_000), table).maximum
+        console = Console(file=console.file, width=max(console.width, need), force_terminal=False)
+    console.print(table)
+    return console
+
+
+def _print_table(data: dict, console: Any = None) -> None:
+    """The claims table on stdout. On a terminal it fits the screen (the site's words wrap); on a
+    pipe or in a file it is as wide as it needs, so no verdict or number is ever cut short."""
     from rich.table import Table
 
     from sinklab.claims.table import COLUMNS, reasons, text_rows
@@ -290,10 +304,9 @@ def _print_table(data: dict) -> None:
         )
     for row in text_rows(data):
         table.add_row(*row)
-    console = Console()
-    console.print(table)
+    console = _print_whole(table, console)
     for line in reasons(data):
-        console.print(line)
+        console.print(line, soft_wrap=True)
     lab = data.get("run", {}).get("lab")
     if lab:
         console.print(

@@ -59,10 +59,21 @@ figcaption { font-size: 13px; color: var(--muted); margin-top: 4px; }
 .tablewrap { overflow-x: auto; max-height: 420px; overflow-y: auto; margin-bottom: 8px;
              border: 1px solid var(--line); border-radius: 6px; background: #fff; }
 table { border-collapse: collapse; font-size: 13.5px; }
-th, td { border-bottom: 1px solid var(--line); padding: 4px 10px; text-align: right; }
+th, td { border-bottom: 1px solid var(--line); padding: 4px 10px; text-align: left; }
 th { background:#f3f5f8; position: sticky; top: 0; }
-th:first-child, td:first-child { text-align: left; }
-td.num { font-variant-numeric: tabular-nums; font-family: ui-monospace, Menlo, monospace; }
+td.num { font-variant-numeric: tabular-nums; font-family: ui-monospace, Menlo, monospace;
+         text-align: right; }
+.verdicts { padding: 14px 18px; }
+.verdicts h2 { margin-bottom: 8px; }
+.verdicts table { width: 100%; font-size: 13.5px; }
+.verdicts th { position: static; }
+.verdicts td { padding: 3px 10px; white-space: nowrap; }
+.verdicts td.reason { max-width: 0; width: 100%; overflow: hidden; text-overflow: ellipsis;
+                      color: var(--muted); }
+.verdict { font-size: 12px; font-weight: 600; padding: 1px 8px; border-radius: 999px;
+           color: #fff; white-space: nowrap; }
+.verdict.supported { background: var(--ok); } .verdict.not-supported { background: var(--bad); }
+.verdict.inconclusive { background: #8a6d00; }
 pre { background:#f3f5f8; border:1px solid var(--line); border-radius:6px; padding: 8px 12px;
       white-space: pre-wrap; overflow-wrap: anywhere; font-size: 13px; margin: 4px 0 0; }
 details summary { cursor: pointer; color: var(--muted); font-size: 14px; margin-top: 10px; }
@@ -185,6 +196,48 @@ def _section(result: StageResult) -> str:
     return "\n".join(parts)
 
 
+def _num(x: float | None) -> str:
+    return "–" if x is None else f"{x:.3g}"
+
+
+def verdict_rows(claims: list[dict[str, Any]]) -> list[tuple[str, str, str, str, str]]:
+    """The first screen's table, one row per claim: (claim, verdict, effect and 95 % interval,
+    the claimed side of its threshold, the reason's first sentence)."""
+    from sinklab.claims.table import claimed
+
+    rows = []
+    for r in claims:
+        iv = r["interval"]
+        effect = _num(r["effect"]) + ("" if iv is None else f" [{_num(iv[0])}, {_num(iv[1])}]")
+        reason = str(r.get("reason") or "").split(". ")[0].rstrip(".")
+        rows.append((r["id"], r["verdict"], effect, claimed(r), reason))
+    return rows
+
+
+def _verdicts(results: list[StageResult]) -> str:
+    """The claims' verdicts, first on the page: a compact table whose every row shows without
+    scrolling inside it (the claims section below has the details); '' without claims."""
+    claims = next((r for r in results if r.name == "claims" and r.output is not None), None)
+    if claims is None or not claims.output.json.get("claims"):
+        return ""
+    body = "".join(
+        f'<tr data-claim="{_e(cid)}"><td>{_e(cid)}</td>'
+        f'<td><span class="verdict {_e(verdict.replace(" ", "-"))}">{_e(verdict)}</span></td>'
+        f'<td class="num">{_e(effect)}</td><td>{_e(side)}</td>'
+        f'<td class="reason" title="{_e(reason)}">{_e(reason)}</td></tr>'
+        for cid, verdict, effect, side, reason in verdict_rows(claims.output.json["claims"])
+    )
+    head = "".join(
+        f"<th>{c}</th>" for c in ("claim", "verdict", "effect [95 % interval]", "claimed", "why")
+    )
+    return (
+        '<section class="card verdicts" id="verdicts"><h2>Verdicts</h2>'
+        f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+        '<p class="note">The rule: docs/claims.md. Each claim\'s protocol, paper and samples: '
+        '<a href="#stage-claims">the claims section</a>.</p></section>'
+    )
+
+
 def render_page(
     *,
     title: str,
@@ -217,6 +270,7 @@ def render_page(
 <main>
 <h1>{_e(title)}</h1>
 <p class="sub">{_e(subtitle)}</p>
+{_verdicts(results)}
 <section class="card summary" id="summary"><h2>Summary</h2><ul>{items}</ul></section>
 <nav class="card" id="contents"><h2>Sections</h2><ol>{nav}</ol></nav>
 {sections}
