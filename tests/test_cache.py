@@ -331,3 +331,24 @@ def test_wrong_positions_refused(models):
         model(torch.tensor([[5, 6, 7]]), cache=cache)
         with pytest.raises(SinklabError, match="has seen 3 tokens"):
             model(torch.tensor([[8]]), cache=cache, position_ids=torch.tensor([[0]]))
+
+
+def test_each_layer_owns_its_state(tiny_model_factory):
+    """A SinkLayer is built with what it needs and handed the step: it counts its own columns,
+    knows no cache, and refuses an update the cache did not plan."""
+    from sinklab.errors import SinklabError
+    from sinklab.stream.cache import CacheConfig, SinkCache
+    from sinklab.stream.layer import SinkLayer
+
+    model = tiny_model_factory("llama", seed=1)
+    cache = SinkCache(model, CacheConfig("sink", 2, 4))
+    ids = torch.randint(3, 500, (1, 9), generator=torch.Generator().manual_seed(2))
+    for t in range(9):
+        model(ids[:, t : t + 1], cache=cache, **cache.prepare(1))
+    for layer in cache.layers:
+        assert isinstance(layer, SinkLayer) and not hasattr(layer, "owner")
+        assert layer.get_seq_length() == cache.get_seq_length() == 9
+        assert layer.capacity == 6 and layer.n_sinks == 2
+    k = torch.zeros(1, 2, 1, 8)
+    with pytest.raises(SinklabError, match="updated by its SinkCache"):
+        SinkLayer(6, 2).update(k, k)

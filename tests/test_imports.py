@@ -1,8 +1,9 @@
 """sinklab's imports run one way (core -> areas -> report -> commands -> cli) and form no cycle.
 
 The graph is read from the source with ``ast`` (no import is executed): module-level imports (what
-runs when a module is imported), or every import but ``TYPE_CHECKING`` ones (a function-level import
-hides a cycle, it does not break it).
+runs when a module is imported), every import but ``TYPE_CHECKING`` ones (a function-level import
+hides a cycle, it does not break it), or every import, ``TYPE_CHECKING`` ones too (a type-only
+import still makes two modules know each other: no circle of any kind).
 """
 
 from __future__ import annotations
@@ -65,18 +66,21 @@ def _is_type_checking(node: ast.If) -> bool:
     )
 
 
-def _walk(body: list[ast.stmt], module_level: bool):
-    """Yield (import node, at module level) outside ``if TYPE_CHECKING`` blocks."""
+def _walk(body: list[ast.stmt], module_level: bool, typing: bool = False):
+    """Yield (import node, at module level) outside ``if TYPE_CHECKING`` blocks (``typing``:
+    inside them too, never at module level)."""
     for node in body:
         if isinstance(node, ast.Import | ast.ImportFrom):
             yield node, module_level
         elif isinstance(node, ast.If) and _is_type_checking(node):
-            yield from _walk(node.orelse, module_level)
+            if typing:
+                yield from _walk(node.body, False, typing)
+            yield from _walk(node.orelse, module_level, typing)
         elif isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
-            yield from _walk(node.body, module_level and isinstance(node, ast.ClassDef))
+            yield from _walk(node.body, module_level and isinstance(node, ast.ClassDef), typing)
         else:
             for field in ("body", "orelse", "finalbody", "handlers"):
-                yield from _walk(getattr(node, field, None) or [], module_level)
+                yield from _walk(getattr(node, field, None) or [], module_level, typing)
 
 
 def _ancestors(name: str) -> set[str]:
@@ -84,12 +88,13 @@ def _ancestors(name: str) -> set[str]:
     return {".".join(parts[:i]) for i in range(1, len(parts))}
 
 
-def imports(name: str, path: Path, known: set[str]) -> list[tuple[str, bool]]:
-    """(imported sinklab module, at module level) for every import in ``name``."""
+def imports(name: str, path: Path, known: set[str], typing: bool = False) -> list[tuple[str, bool]]:
+    """(imported sinklab module, at module level) for every import in ``name`` (``typing``:
+    ``TYPE_CHECKING`` ones too)."""
     tree = ast.parse(path.read_text(encoding="utf-8"))
     is_pkg = path.name == "__init__.py"
     out: list[tuple[str, bool]] = []
-    for node, top in _walk(tree.body, True):
+    for node, top in _walk(tree.body, True, typing):
         targets: list[str] = []
         if isinstance(node, ast.Import):
             targets = [a.name for a in node.names]
@@ -114,11 +119,11 @@ def imports(name: str, path: Path, known: set[str]) -> list[tuple[str, bool]]:
     return out
 
 
-def graph(module_level: bool) -> dict[str, set[str]]:
+def graph(module_level: bool, typing: bool = False) -> dict[str, set[str]]:
     mods = modules()
     known = set(mods)
     return {
-        name: {m for m, top in imports(name, path, known) if top or not module_level}
+        name: {m for m, top in imports(name, path, known, typing) if top or not module_level}
         for name, path in mods.items()
     }
 
@@ -146,10 +151,15 @@ def find_cycle(edges: dict[str, set[str]]) -> list[str] | None:
     return None
 
 
-@pytest.mark.parametrize("module_level", [True, False], ids=["module-level", "deferred-too"])
-def test_no_import_cycle(module_level):
-    """No cycle at import time, nor via imports deferred into functions (they hide one)."""
-    cycle = find_cycle(graph(module_level=module_level))
+@pytest.mark.parametrize(
+    ("module_level", "typing"),
+    [(True, False), (False, False), (False, True)],
+    ids=["module-level", "deferred-too", "type-checking-too"],
+)
+def test_no_import_cycle(module_level, typing):
+    """No cycle at import time, nor via imports deferred into functions (they hide one), nor via
+    ``TYPE_CHECKING`` imports (two modules that know each other's types are one module)."""
+    cycle = find_cycle(graph(module_level=module_level, typing=typing))
     assert cycle is None, "import cycle: " + " -> ".join(cycle)
 
 
@@ -170,6 +180,7 @@ def test_the_walker_sees_what_it_checks():
     assert "sinklab.probe.metrics" in edges["sinklab.probe.spec"]
     assert "sinklab.errors" in edges["sinklab.models.rotary"]
     assert "sinklab.models.loading" not in edges["sinklab.meta"]  # TYPE_CHECKING only
+    assert "sinklab.models.loading" in graph(module_level=False, typing=True)["sinklab.meta"]
     deferred = graph(module_level=False)
     assert "sinklab.probe.run" in deferred["sinklab.commands.probe"]  # inside the command
     assert "sinklab.lab.model" not in edges["sinklab.models.loading"]

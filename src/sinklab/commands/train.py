@@ -163,7 +163,7 @@ def train(
     if fmt is OutputFormat.json:
         emit_json({"out": str(out), "val": run.val, "last": run.checkpoints[-1]})
         return
-    for line in train_sentences(run):
+    for line in train_sentences(run.to_json()):
         stderr.print(line)
     stderr.print(f"wrote {out}/train.json")
 

@@ -1,13 +1,12 @@
 """The lab's summary sentences, the only ones: ``sinklab train`` and ``python -m sinklab.lab.train``
-print them. Each reads a finished run (:class:`~sinklab.lab.train.TrainResult`); a sweep's
-summary is its table (:meth:`sinklab.lab.sweep.SweepResult.table`)."""
+print them. Each reads a finished run's JSON (``train.json``, :meth:`TrainResult.to_json`), so
+this module needs nothing of the trainer; a sweep's summary is its table
+(:meth:`sinklab.lab.sweep.SweepResult.table`)."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from sinklab.lab.train import TrainResult
+from collections.abc import Mapping
+from typing import Any
 
 
 def backcopy_sentence(bc: dict) -> str:
@@ -20,9 +19,10 @@ def backcopy_sentence(bc: dict) -> str:
     )
 
 
-def train_sentences(result: TrainResult) -> list[str]:
-    """The last checkpoint's sink rate (and backcopy numbers) and the validation perplexities."""
-    last, v = result.checkpoints[-1], result.val
+def train_sentences(data: Mapping[str, Any]) -> list[str]:
+    """The last checkpoint's sink rate (and backcopy numbers) and the validation perplexities of
+    a run's JSON (``checkpoints`` and ``val``)."""
+    last, v = data["checkpoints"][-1], data["val"]
     out = [backcopy_sentence(last["backcopy"])] if "backcopy" in last else []
     out.append(
         f"sink rate {last['sink_rate']}; val PPL {v['ppl_with_first']:.2f} with the first "

@@ -403,7 +403,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if rank == 0:
             print(f"error: {exc}", file=sys.stderr)
         return 2
-    for line in train_sentences(result):
+    for line in train_sentences(result.to_json()):
         print(line, file=sys.stderr)
     print(f"wrote {out}/train.json", file=sys.stderr)
     return 0

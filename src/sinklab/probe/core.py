@@ -9,7 +9,7 @@ import logging
 import math
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import torch
@@ -18,53 +18,16 @@ from torch import Tensor, nn
 from sinklab.errors import SinklabError
 from sinklab.models.arch import decoder_layers, input_device, model_shape
 from sinklab.probe.capture import HiddenCapture, ProbeCapture
+from sinklab.probe.config import ProbeConfig
 from sinklab.probe.geometry import Geometry, capture_geometry
 from sinklab.probe.metrics import layer_means, nan_mean
-from sinklab.probe.spec import BY_NAME, DEFAULT_EPS, METRIC_SETS, measured, names
+from sinklab.probe.spec import BY_NAME, measured, names
 from sinklab.seam import check_supported, sinklab_attention
 
 log = logging.getLogger(__name__)
 
 #: callback(done, total): layers finished so far (over all runs of a call) and the total
 ProgressCallback = Callable[[int, int], None]
-
-
-@dataclass(frozen=True)
-class ProbeConfig:
-    """What the probe measures; every field is recorded in ``meta.params``."""
-
-    q0: int = 0  # first query counted in means (0 = Gu et al.'s alpha); larger drops early rows
-    eps: tuple[float, ...] = DEFAULT_EPS  # sink-head thresholds (docs/metrics.md#q0-eps)
-    kind_floor: float = 0.3  # head_kind is "mixed" when its largest mass is below this
-    sink_factor: float = 5.0  # sink position: received > factor x max(uniform, median over keys)
-    max_sink_positions: int = 8  # report at most this many sink positions
-    # "all", or "fast": only the metrics that need a few columns of weights (no entropy,
-    # received attention or sink positions: they stay None); docs/metrics.md#metric-sets
-    metrics: str = "all"
-
-    def __post_init__(self) -> None:
-        if self.metrics not in METRIC_SETS:
-            raise SinklabError(
-                f"metrics must be one of {', '.join(METRIC_SETS)}, got {self.metrics!r}; "
-                "use --metrics all (every metric) or --metrics fast"
-            )
-        if isinstance(self.q0, bool) or not isinstance(self.q0, int) or self.q0 < 0:
-            raise SinklabError(f"q0 must be an integer >= 0, got {self.q0!r}; use e.g. --q0 16")
-        eps = tuple(self.eps) if isinstance(self.eps, Sequence) else (self.eps,)
-        if not eps:
-            raise SinklabError("eps is empty; pass thresholds in (0, 1), e.g. --eps 0.3,0.8")
-        for e in eps:
-            if not isinstance(e, int | float) or not 0.0 < float(e) < 1.0:
-                raise SinklabError(
-                    f"eps must lie strictly between 0 and 1, got {e!r}; use e.g. --eps 0.3,0.8"
-                )
-        object.__setattr__(self, "eps", tuple(float(e) for e in eps))
-        if not 0.0 <= self.kind_floor <= 1.0:
-            raise SinklabError(f"kind_floor must be in [0, 1], got {self.kind_floor}")
-        if not self.sink_factor > 1.0:
-            raise SinklabError(f"sink_factor must be > 1, got {self.sink_factor}; e.g. 5")
-        if self.max_sink_positions < 1:
-            raise SinklabError(f"max_sink_positions must be >= 1, got {self.max_sink_positions}")
 
 
 @dataclass
@@ -118,6 +81,33 @@ class ProbeResult:
         data["geometry"] = None if self.geometry is None else self.geometry.to_json()
         data["attention_path"] = list(self.attention_path)
         return data
+
+    def params(self) -> dict[str, Any]:
+        """The run's parameters (what a command records as ``meta.params``)."""
+        return {**asdict(self.config), "tokens": self.n_tokens, "lengths": None}
+
+    def figures(self) -> dict[str, Any]:
+        """The probe's matplotlib Figures by name (heatmap, per-layer curves), with or without
+        ``meta`` (a bare result is titled by its parameters)."""
+        from sinklab.meta import bare_meta
+        from sinklab.probe.plots import probe_figure_set
+
+        data = self.to_json()
+        data["meta"] = self.meta or bare_meta(self.params())
+        return probe_figure_set(data)
+
+    def to_frame(self) -> Any:
+        """A pandas DataFrame, one row per (layer, head): ``layer``, ``head``, then every metric
+        declared per head, then every metric declared per layer
+        (:data:`sinklab.probe.spec.METRICS`)."""
+        from sinklab.frames import layer_head_frame
+
+        per = {name: BY_NAME[name].per for name in names(in_json=True)}
+        data = self.to_json()
+        return layer_head_frame(
+            {k: data[k] for k, p in per.items() if p == "head"},
+            {k: data[k] for k, p in per.items() if p == "layer"},
+        )
 
 
 def _as_ids(ids: Tensor) -> Tensor:

@@ -29,9 +29,11 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from sinklab.probe import metrics as M
+from sinklab.probe.config import DEFAULT_EPS as DEFAULT_EPS  # re-exported: areas import it here
+from sinklab.probe.config import METRIC_SETS as METRIC_SETS  # re-exported
+from sinklab.probe.config import ProbeConfig
 
 if TYPE_CHECKING:
-    from sinklab.probe.core import ProbeConfig
     from sinklab.seam.observe import LayerView
 
 Term = Tensor | int  # one partial sum (or count) of one chunk
@@ -98,11 +100,6 @@ class Metric:
     def fast(self) -> bool:
         """Measured by ``--metrics fast``: it needs nothing beyond a few columns of weights."""
         return not self.needs
-
-
-#: the sink-head thresholds every area defaults to: Gu et al.'s 0.3 and Barbero et al.'s stricter
-#: 0.8 (docs/metrics.md#q0-eps)
-DEFAULT_EPS: tuple[float, ...] = (0.3, 0.8)
 
 
 def eps_key(eps: float) -> str:
@@ -287,9 +284,6 @@ METRICS: tuple[Metric, ...] = (
 )  # fmt: skip
 
 BY_NAME = {m.name: m for m in METRICS}
-
-#: what ``--metrics`` may ask for: every metric, or those that need a few columns only
-METRIC_SETS = ("all", "fast")
 
 
 def measured(metric_set: str) -> tuple[str, ...]:

@@ -54,7 +54,7 @@ from typing import Any
 
 import torch
 from torch import Tensor
-from transformers.cache_utils import Cache, CacheLayerMixin, DynamicSlidingWindowLayer
+from transformers.cache_utils import Cache, CacheLayerMixin
 
 from sinklab.errors import SinklabError
 from sinklab.models.arch import (
@@ -65,7 +65,7 @@ from sinklab.models.arch import (
     layer_kinds,
 )
 from sinklab.models.rotary import rope_of
-from sinklab.stream.layer import SinkLayer, Step
+from sinklab.stream.layer import SinkLayer, SlidingLayer, Step
 from sinklab.stream.policy import CACHE_POLICIES, CacheConfig, kept_positions
 from sinklab.stream.slots import Plan, Row, plan_columns, plan_ring, real_tokens, ring_slots
 from sinklab.stream.state import StreamState, check_states, fill_from_states, state_of
@@ -122,8 +122,8 @@ class SinkCache(Cache):
         """Hybrid models: a sliding layer keeps exactly the model's own window (transformers'
         layer, keys never moved); every other layer keeps sinks + window."""
         if self.hybrid and kind.window is not None:
-            return DynamicSlidingWindowLayer(kind.window)
-        return SinkLayer(self, kind.rotary)
+            return SlidingLayer(kind.window)
+        return SinkLayer(self.capacity, len(self.sinks), self.rope, kind.rotary)
 
     # -------------------------------------------------------------------- public read-outs
     def get_seq_length(self, layer_idx: int = 0) -> int:
@@ -134,7 +134,7 @@ class SinkCache(Cache):
         """(kv_length, kv_offset) of the next forward: kv index ``i`` is column
         ``kv_offset + i``, so a left-padded 2D mask lands on each row's invalid (prefix) slots.
         A hybrid model's sliding layer answers for itself."""
-        if isinstance(layer := self.layers[layer_idx], DynamicSlidingWindowLayer):
+        if isinstance(layer := self.layers[layer_idx], SlidingLayer):
             return layer.get_mask_sizes(query_length)
         if self._prepared is not None:
             n = self._prepared.kv_len
@@ -176,20 +176,18 @@ class SinkCache(Cache):
         """Kept keys and values of a layer and row in stream order, keys rotated to their
         cache-relative positions 0..kept-1: (1, H_kv, kept, D) each. For inspection, O(kept)."""
         layer, r = self.layers[layer_idx], self.rows[row]
-        if isinstance(layer, DynamicSlidingWindowLayer):
-            return layer.keys[row : row + 1], layer.values[row : row + 1]
+        if isinstance(layer, SlidingLayer):
+            return layer.row_kv(row)
         if self.capacity is None:
-            cols = [c for c, v in enumerate(r.dense_valid) if v]
-            return layer.keys[row : row + 1, :, cols], layer.values[row : row + 1, :, cols]
+            return layer.row_kv(row, [c for c, v in enumerate(r.dense_valid) if v])
         order = sorted((p, s) for s, p in enumerate(r.slot_pos) if p >= 0)
-        slots = torch.tensor([s for _, s in order], device=layer.device, dtype=torch.long)
+        keys, values = layer.row_kv(row, [s for _, s in order])
+        if not layer.rotary:  # NoPE: keys carry no position
+            return keys, values
         rot = {r.sink_slot[i]: r.sink_rot[i] for i in r.sink_slot}
         current = torch.tensor([rot.get(s, p) - r.base for p, s in order])
-        keys = layer.keys[row : row + 1].index_select(-2, slots)
-        if not layer.rotary:  # NoPE: keys carry no position
-            return keys, layer.values[row : row + 1].index_select(-2, slots)
         delta = torch.arange(len(order)) - current
-        return self.rope.shift(keys, delta), layer.values[row : row + 1].index_select(-2, slots)
+        return self.rope.shift(keys, delta), values
 
     # -------------------------------------------------------------- save and restore
     def state(self, row: int = 0) -> StreamState:
@@ -252,8 +250,7 @@ class SinkCache(Cache):
         self._padded = self._padded or self.seen > 0
         self.rows += [self.rows[-1].copy() for _ in range(n - 1)]
         for layer in self.layers:
-            if layer.is_initialized:
-                layer._map(lambda t: torch.cat((t, t.new_zeros(n, *t.shape[1:]))))
+            layer.add_rows(n)
 
     def keep_streams(self, rows: Sequence[int]) -> None:
         """Keep only the streams ``rows`` (batch indices, in the new order); drop the others."""
@@ -282,7 +279,10 @@ class SinkCache(Cache):
         if layer_idx == 0:
             inner = kwargs.get("kwargs") or {}
             self._begin(key_states, inner.get("position_ids", kwargs.get("position_ids")))
-        return self.layers[layer_idx].update(key_states, value_states)
+        layer = self.layers[layer_idx]
+        if isinstance(layer, SinkLayer):
+            return layer.update(key_states, value_states, step=self._step)
+        return layer.update(key_states, value_states)
 
     def reset(self) -> None:
         super().reset()  # each layer drops its tensors
@@ -356,19 +356,11 @@ class SinkCache(Cache):
         slots = [s for s, p in enumerate(row.slot_pos) if p >= 0]
         if shift <= 0 or not slots:
             return
-        delta = torch.full((len(slots),), -shift, dtype=torch.long)
         for layer in self.layers:
-            if isinstance(layer, DynamicSlidingWindowLayer):  # the model's window, moved along
-                if layer.is_initialized and self.sliding_rope is not None:
-                    n_kv = layer.keys.shape[-2]
-                    back = torch.full((n_kv,), -shift, dtype=torch.long)
-                    layer.keys[b] = self.sliding_rope.shift(layer.keys[b], back)
-                continue
-            if not layer.rotary:  # NoPE: nothing to move
-                continue
-            idx = torch.tensor(slots, device=layer.device)
-            keys = layer.keys[b].index_select(-2, idx)  # (H_kv, kept, D)
-            layer.keys[b, :, idx] = self.rope.shift(keys, delta)
+            if isinstance(layer, SlidingLayer):  # the model's window, moved along
+                layer.rebase(b, shift, self.sliding_rope)
+            else:
+                layer.rebase(b, slots, shift)
         row.base += shift
 
     def _one_stream_only(self) -> None:

@@ -1,21 +1,23 @@
-"""The tensor side of :class:`~sinklab.stream.cache.SinkCache`:
- one layer's KV slots (:class:`SinkLayer`)
-and a forward's plan as index tensors (:class:`Step`), shared by every layer. What to write where
-is decided in :mod:`sinklab.stream.slots`; here it is done, batched over the rows."""
+"""The tensor side of :class:`~sinklab.stream.cache.SinkCache`: one layer's KV slots
+(:class:`SinkLayer`, and :class:`SlidingLayer`, a hybrid model's own window) and a forward's plan
+as index tensors (:class:`Step`), shared by every layer. What to write where is decided in
+:mod:`sinklab.stream.slots`; here it is done, batched over the rows.
+
+Each layer owns its tensors, as transformers' own layers do: it is built with what it needs
+(capacity, number of sinks, the rotation), is handed each forward's :class:`Step`, and moves its
+own keys (:meth:`SinkLayer.rebase`); the cache plans and never touches a layer's tensors."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from collections.abc import Sequence
+from typing import Any
 
 import torch
 from torch import Tensor
-from transformers.cache_utils import CacheLayerMixin
+from transformers.cache_utils import CacheLayerMixin, DynamicSlidingWindowLayer
 
 from sinklab.errors import SinklabError
 from sinklab.stream.slots import Plan
-
-if TYPE_CHECKING:
-    from sinklab.stream.cache import SinkCache
 
 
 class Step:
@@ -74,40 +76,53 @@ class SinkLayer(CacheLayerMixin):
     is_croppable = False
     is_compileable = False
 
-    def __init__(self, owner: SinkCache, rotary: bool = True) -> None:
+    def __init__(
+        self, capacity: int | None, n_sinks: int, rope: Any = None, rotary: bool = True
+    ) -> None:
         super().__init__()
-        self.owner = owner
+        self.capacity = capacity  # None: dense (unbounded)
+        self.n_sinks = n_sinks
+        self.rope = rope  # sinklab.models.rotary's rotation (None: nothing is ever rotated)
         self.rotary = rotary  # False: a NoPE layer (SmolLM3), whose keys are never re-rotated
+        self.seen = 0  # columns read
         self.sink_keys: Tensor | None = None
         self.sink_half: Tensor | None = None  # rotate_half(sink_keys), precomputed
 
     def lazy_initialization(self, key_states: Tensor, value_states: Tensor) -> None:
         self.device = key_states.device
         b, h, _, d = key_states.shape
-        slots = 0 if self.owner.capacity is None else self.owner.capacity + 1
+        slots = 0 if self.capacity is None else self.capacity + 1
         self.keys = key_states.new_zeros(b, h, slots, d)
         self.values = value_states.new_zeros(b, h, slots, value_states.shape[-1])
-        self.sink_keys = key_states.new_zeros(b, h, len(self.owner.sinks), d)
+        self.sink_keys = key_states.new_zeros(b, h, self.n_sinks, d)
         self.sink_half = torch.zeros_like(self.sink_keys)
         self.is_initialized = True
 
     def update(
-        self, key_states: Tensor, value_states: Tensor, *args: Any, **kwargs: Any
+        self,
+        key_states: Tensor,
+        value_states: Tensor,
+        cache_kwargs: Any = None,
+        *,
+        step: Step | None = None,
     ) -> tuple[Tensor, Tensor]:
-        """Add ``key_states``/``value_states`` (B, H_kv, q, D); return the keys and values the new
-        queries attend to (kept positions, then the new ones)."""
+        """Add ``key_states``/``value_states`` (B, H_kv, q, D) as this forward's ``step`` plans;
+        return the keys and values the new queries attend to (kept positions, then the new
+        ones)."""
+        if step is None:
+            raise SinklabError("a SinkLayer is updated by its SinkCache, which passes the step")
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
-        step = self.owner._step
-        assert step is not None and self.sink_keys is not None and self.sink_half is not None
+        assert self.sink_keys is not None and self.sink_half is not None
+        self.seen += key_states.shape[-2]
         dev = self.device
         if step.cap:  # sinks read now: keep their keys as rotated at their own positions
             rows, idx, col = (t.to(dev) for t in step.cap)
             new = key_states[rows, :, col]  # (N, H_kv, D)
             self.sink_keys[rows, :, idx] = new
             if self.rotary:
-                self.sink_half[rows, :, idx] = self.owner.rope.rotate_half(new)
-        if self.owner.capacity is None:  # dense
+                self.sink_half[rows, :, idx] = self.rope.rotate_half(new)
+        if self.capacity is None:  # dense
             self.keys = torch.cat((self.keys, key_states), dim=-2)
             self.values = torch.cat((self.values, value_states), dim=-2)
             return self.keys, self.values
@@ -166,17 +181,44 @@ class SinkLayer(CacheLayerMixin):
         target[rows, :, dst] = torch.addcmul(src * cos[:, None], half, sin[:, None])
 
     def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
-        return self.owner.get_mask_sizes(query_length, 0)
+        """(kv_length, kv_offset) for one stream read without padding: what it keeps, then the
+        new columns. (Its :class:`~sinklab.stream.cache.SinkCache` answers for every row.)"""
+        kept = self.seen if self.capacity is None else min(self.seen, self.capacity)
+        return kept + query_length, self.seen - kept
 
     def get_seq_length(self) -> int:
-        return self.owner.seen
+        return self.seen
 
     def get_max_length(self) -> int:
-        return -1 if self.owner.capacity is None else self.owner.capacity
+        return -1 if self.capacity is None else self.capacity
 
     def reset(self) -> None:
         self.keys = self.values = self.sink_keys = self.sink_half = None
+        self.seen = 0
         self.is_initialized = False
+
+    def rebase(self, row: int, slots: Sequence[int], shift: int) -> None:
+        """Positions of ``row`` restart ``shift`` lower: rotate its keys in ``slots`` back by
+        ``shift`` (O(kept), once). A NoPE layer has nothing to move."""
+        if not self.rotary or not self.is_initialized or not slots:
+            return
+        idx = torch.tensor(list(slots), device=self.device)
+        delta = torch.full((len(idx),), -shift, dtype=torch.long)
+        keys = self.keys[row].index_select(-2, idx)  # (H_kv, kept, D)
+        self.keys[row, :, idx] = self.rope.shift(keys, delta)
+
+    def row_kv(self, row: int, slots: Sequence[int]) -> tuple[Tensor, Tensor]:
+        """Keys and values of ``row`` at ``slots`` (in that order), as stored: (1, H_kv, n, D)."""
+        idx = torch.tensor(list(slots), device=self.device, dtype=torch.long)
+        return (
+            self.keys[row : row + 1].index_select(-2, idx),
+            self.values[row : row + 1].index_select(-2, idx),
+        )
+
+    def add_rows(self, n: int) -> None:
+        """``n`` empty streams (zero rows) after the others."""
+        if self.is_initialized:
+            self._map(lambda t: torch.cat((t, t.new_zeros(n, *t.shape[1:]))))
 
     def _map(self, fn) -> None:
         for name in ("keys", "values", "sink_keys", "sink_half"):
@@ -194,3 +236,24 @@ class SinkLayer(CacheLayerMixin):
 
     def crop(self, tokens_to_remove: int) -> None:
         raise SinklabError("SinkCache cannot be cropped (assisted decoding is not supported)")
+
+
+class SlidingLayer(DynamicSlidingWindowLayer):
+    """A hybrid model's sliding-window layer: transformers' own (it keeps exactly the model's
+    window, keys never moved), which also rebases its keys and reads out a row."""
+
+    def rebase(self, row: int, shift: int, rope: Any) -> None:
+        """Positions of ``row`` restart ``shift`` lower: rotate its window's keys back."""
+        if self.is_initialized and rope is not None:
+            n_kv = self.keys.shape[-2]
+            self.keys[row] = rope.shift(self.keys[row], torch.full((n_kv,), -shift))
+
+    def row_kv(self, row: int) -> tuple[Tensor, Tensor]:
+        """Keys and values of ``row``: (1, H_kv, window, D)."""
+        return self.keys[row : row + 1], self.values[row : row + 1]
+
+    def add_rows(self, n: int) -> None:
+        if self.is_initialized:
+            for name in ("keys", "values"):
+                t = getattr(self, name)
+                setattr(self, name, torch.cat((t, t.new_zeros(n, *t.shape[1:]))))
