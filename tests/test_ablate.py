@@ -139,3 +139,46 @@ def test_smollm2_first_token_and_mask_sink_directions(smollm2):
     never = ms["never"]["perplexity"]
     assert ms["last third"]["perplexity"] > 1.5 * never < ms["middle third"]["perplexity"]
     assert math.isclose(ms["all layers"]["perplexity"], ft["drop"]["perplexity"], rel_tol=1e-2)
+
+
+def test_ablation_run_argv_reproduces_its_config_and_a_bare_result_draws(tiny, tiny_tokenizer):
+    """AblationRun's command line carries every option that differs from the defaults (the
+    command parses it back to the same config); a bare result gives its Figure and a frame."""
+    import typer
+    from matplotlib.figure import Figure
+    from typer.testing import CliRunner
+
+    from sinklab.ablate.run import AblationRun
+    from sinklab.commands import ablate as ablate_command
+
+    config = AblationConfig(q0=2, layers=(0, 1), lams=(0.0, 0.5), seed=3)
+    run = AblationRun("density", config, tokens=24)
+    argv = run.argv(["--model", "M"], "T", "O")
+    assert argv[:4] == ["sinklab", "ablate", "--experiment", "density"]
+    opts = dict(zip(argv[4::2], argv[5::2], strict=True))
+    assert opts["--layers"] == "0,1" and opts["--lams"] == "0.0,0.5" and opts["--seed"] == "3"
+    assert "--grid" not in opts and "--eps" not in opts  # defaults, and not density's options
+    seen = {}
+    app = typer.Typer()
+    app.command()(ablate_command.ablate)
+    real = AblationRun.__init__
+
+    def capture(self, *a, **k):  # stop at the run the command built (nothing loads)
+        real(self, *a, **k)
+        seen["run"] = self
+        raise SystemExit(0)
+
+    AblationRun.__init__ = capture
+    try:
+        CliRunner().invoke(app, argv[2:], catch_exceptions=False)
+    finally:
+        AblationRun.__init__ = real
+    assert seen["run"] == run
+    ids = torch.randint(3, 200, (1, 24), generator=torch.Generator().manual_seed(0))
+    result = run.run(tiny, tiny_tokenizer, ids)
+    figs = result.figures()
+    assert list(figs) == ["density"] and isinstance(figs["density"], Figure)
+    frame = result.to_frame()
+    assert list(frame["condition"]) == list(result.conditions)
+    first = next(iter(result.conditions))
+    assert frame["ppl"].iloc[0] == pytest.approx(result.conditions[first]["ppl"])

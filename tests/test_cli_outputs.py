@@ -119,7 +119,7 @@ def _boom(*a, **k):
 
 # where each command is stopped part-way (after some of its files exist in the temporary folder)
 SABOTAGE = {
-    "probe": "sinklab.probe.plots.plot_layer_curves",
+    "probe": "sinklab.probe.plots.layer_curves_figure",
     "stream": "sinklab.stream.summary.plot_running_ppl",
     "ablate": "sinklab.ablate.core.AblationResult.figure",
     "cost": "sinklab.lab.plots.plot_cost",

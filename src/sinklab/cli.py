@@ -22,6 +22,12 @@ from collections.abc import Callable
 from typing import Any
 
 from sinklab.errors import SinklabError
+from sinklab.models.offline import enforce_offline
+
+# The command line's own settings (``import sinklab`` sets none): offline before any Hugging Face
+# import, and figures drawn with Agg (no window, no display needed).
+enforce_offline()
+os.environ.setdefault("MPLBACKEND", "Agg")
 
 _HELP = (
     "Make attention sinks in transformer LMs visible, measurable, exploitable and "

@@ -1,8 +1,12 @@
-"""The figure writer every area uses: :func:`save` (a PNG and the plotted numbers beside it as
-``NAME.json``), and the plain shapes (:func:`heatmap`, :func:`curves`, :func:`bars`).
+"""Figures: the plain shapes every area draws with, and the one writer.
 
-Each shape takes data and a path, writes the PNG plus its numbers and returns the path. Nothing is
-computed here beyond what is plotted.
+A figure function returns a matplotlib :class:`~matplotlib.figure.Figure` made outside pyplot
+(:func:`subplots`): no backend is chosen and no global figure list grows, so a notebook shows
+what it gets back and a script never opens a window. The plotted numbers ride on the figure
+(:func:`with_numbers`); :func:`save` is the writer: the PNG and those numbers beside it as
+``NAME.json``. The shapes come in both forms: :func:`heatmap_figure` (a Figure) and
+:func:`heatmap` (written to a path), likewise curves and bars. Nothing is computed here beyond
+what is plotted.
 """
 
 from __future__ import annotations
@@ -11,10 +15,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt
+from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
 from sinklab.meta import write_json_atomic
@@ -36,23 +37,39 @@ def run_names(meta: Mapping[str, Any]) -> list[str]:
     return names
 
 
-def save(fig: Any, path: Path, numbers: Any, *, dpi: int = DPI, tight: bool = True) -> Path:
-    """Write ``fig`` to ``path`` (PNG) and ``numbers`` beside it (``NAME.json``); close ``fig``."""
+def subplots(nrows: int = 1, ncols: int = 1, *, figsize: tuple[float, float]) -> tuple[Figure, Any]:
+    """A new :class:`Figure` and its axes (as ``plt.subplots`` returns them), outside pyplot."""
+    fig = Figure(figsize=figsize)
+    return fig, fig.subplots(nrows, ncols)
+
+
+def with_numbers(fig: Figure, values: Any) -> Figure:
+    """``fig`` carrying its plotted numbers (what :func:`save` writes beside the PNG)."""
+    fig.sinklab_numbers = values  # type: ignore[attr-defined]
+    return fig
+
+
+def plotted(fig: Figure) -> Any:
+    """The numbers :func:`with_numbers` attached to ``fig`` (None: none)."""
+    return getattr(fig, "sinklab_numbers", None)
+
+
+def save(
+    fig: Figure, path: Path, values: Any = None, *, dpi: int = DPI, tight: bool = True
+) -> Path:
+    """Write ``fig`` to ``path`` (PNG) and its plotted numbers beside it (``NAME.json``):
+    ``values``, else those :func:`with_numbers` attached."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    try:
-        if tight:
-            fig.tight_layout()
-        fig.savefig(path, dpi=dpi)
-    finally:
-        plt.close(fig)
-    write_json_atomic(path.with_suffix(".json"), numbers)
+    if tight:
+        fig.tight_layout()
+    fig.savefig(path, dpi=dpi)
+    write_json_atomic(path.with_suffix(".json"), plotted(fig) if values is None else values)
     return path
 
 
-def heatmap(
+def heatmap_figure(
     matrix: Sequence[Sequence[float]],
-    path: Path,
     *,
     title: str,
     xlabel: str = "head",
@@ -62,21 +79,25 @@ def heatmap(
     vmax: float | None = 1.0,
     numbers: Mapping[str, Any] | None = None,
 ) -> Path:
-    """A layer x head (rows x columns) heatmap, layer 0 at the top; ``numbers`` (default
-    ``{"matrix": matrix}``) are saved beside it."""
+    """A layer x head (rows x columns) heatmap, layer 0 at the top; its numbers: ``numbers``
+    (default ``{"matrix": matrix}``)."""
     rows, cols = len(matrix), len(matrix[0]) if matrix else 0
-    fig, ax = plt.subplots(figsize=(min(9.0, 2.5 + 0.45 * cols), min(8.0, 1.8 + 0.22 * rows)))
+    fig, ax = subplots(figsize=(min(9.0, 2.5 + 0.45 * cols), min(8.0, 1.8 + 0.22 * rows)))
     im = ax.imshow(matrix, aspect="auto", cmap="magma", vmin=vmin, vmax=vmax)
     ax.set_title(title, fontsize=9)
     ax.set(xlabel=xlabel, ylabel=ylabel)
     fig.colorbar(im, ax=ax, label=cbar)
-    return save(fig, path, dict(numbers) if numbers is not None else {"matrix": matrix})
+    return with_numbers(fig, dict(numbers) if numbers is not None else {"matrix": matrix})
 
 
-def curves(
+def heatmap(matrix: Sequence[Sequence[float]], path: Path, **kwargs: Any) -> Path:
+    """:func:`heatmap_figure`, written to ``path``."""
+    return save(heatmap_figure(matrix, **kwargs), path)
+
+
+def curves_figure(
     x: Sequence[float],
     series: Mapping[str, Sequence[float]],
-    path: Path,
     *,
     title: str,
     xlabel: str,
@@ -86,7 +107,7 @@ def curves(
     vline: float | None = None,
 ) -> Path:
     """One line per series over a shared x axis (series may be shorter than x)."""
-    fig, ax = plt.subplots(figsize=(6.4, 3.8))
+    fig, ax = subplots(figsize=(6.4, 3.8))
     for name, ys in series.items():
         xs = list(x)[: len(ys)]
         ax.plot(xs, ys, marker="o" if len(xs) <= 40 else None, ms=3, label=name)
@@ -102,20 +123,26 @@ def curves(
     ax.grid(alpha=0.3)
     if len(series) > 1:
         ax.legend(fontsize=8)
-    return save(fig, path, {"x": list(x), "series": {k: list(v) for k, v in series.items()}})
+    return with_numbers(fig, {"x": list(x), "series": {k: list(v) for k, v in series.items()}})
 
 
-def bars(
+def curves(
+    x: Sequence[float], series: Mapping[str, Sequence[float]], path: Path, **kwargs: Any
+) -> Path:
+    """:func:`curves_figure`, written to ``path``."""
+    return save(curves_figure(x, series, **kwargs), path)
+
+
+def bars_figure(
     labels: Sequence[str],
     values: Sequence[float],
-    path: Path,
     *,
     title: str,
     ylabel: str,
     logy: bool = False,
 ) -> Path:
     """One bar per condition, the value printed above it."""
-    fig, ax = plt.subplots(figsize=(6.4, 3.6))
+    fig, ax = subplots(figsize=(6.4, 3.6))
     ax.bar(range(len(values)), values, color="#2952a3")
     ax.set_xticks(range(len(values)), labels, rotation=20, ha="right", fontsize=8)
     for i, v in enumerate(values):
@@ -124,4 +151,9 @@ def bars(
         ax.set_yscale("log")
     ax.set(title=title, ylabel=ylabel)
     ax.grid(axis="y", alpha=0.3)
-    return save(fig, path, {"labels": list(labels), "values": list(values)})
+    return with_numbers(fig, {"labels": list(labels), "values": list(values)})
+
+
+def bars(labels: Sequence[str], values: Sequence[float], path: Path, **kwargs: Any) -> Path:
+    """:func:`bars_figure`, written to ``path``."""
+    return save(bars_figure(labels, values, **kwargs), path)

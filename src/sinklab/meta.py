@@ -36,6 +36,15 @@ def versions() -> dict[str, str]:
 META_KEYS = ("model", "text", "params", "versions", "machine", "seconds")
 
 
+def bare_meta(params: Any) -> dict[str, Any]:
+    """The ``meta`` of a result nobody attached provenance to (a library call, in a notebook):
+    every key of :data:`META_KEYS`, None but ``params`` (a dataclass config or a dict), so the
+    figure and summary functions read a bare result as they read a command's."""
+    meta: dict[str, Any] = dict.fromkeys(META_KEYS)
+    meta["params"] = asdict(params) if is_dataclass(params) else dict(params)
+    return meta
+
+
 def attach_meta(
     result: Any,
     model: ModelInfo | None,

@@ -150,12 +150,37 @@ class AblationResult:
         """Draw the figure to ``path`` (PNG; plotted numbers in ``path.with_suffix(".json")``).
         Its title names the model and text of ``meta`` (:func:`sinklab.meta.attach_meta`);
         a bare result's figure is titled by its parameters alone."""
+        return self._draw(Path(path))
+
+    def figures(self) -> dict[str, Any]:
+        """The experiment's matplotlib Figure by name (nothing written), with or without
+        ``meta``."""
+        return {self.experiment: self._draw(None)}
+
+    def to_frame(self) -> Any:
+        """A pandas DataFrame, one row per condition: its name, then each of its numbers that
+        is a single value (per-layer lists and matrices stay in :meth:`to_json`)."""
+        from sinklab.frames import records_frame
+
+        rows = [
+            {"condition": name, **{k: v for k, v in numbers.items() if _scalar(v)}}
+            for name, numbers in self.conditions.items()
+        ]
+        columns = list(dict.fromkeys(k for r in rows for k in r))
+        return records_frame(rows, columns)
+
+    def _draw(self, path: Path | None) -> Any:
         if self.plot is None:
             raise SinklabError(f"no figure function for experiment {self.experiment!r}")
+        from sinklab.meta import bare_meta
+
         data = self.to_json()
-        if not data["meta"]:
-            data["meta"] = {"model": None, "text": None, "params": self.params()}
-        return self.plot(data, Path(path))
+        data["meta"] = self.meta or bare_meta(self.params())
+        return self.plot(data, path)
+
+
+def _scalar(value: Any) -> bool:
+    return value is None or isinstance(value, bool | int | float | str)
 
 
 def thirds(n_layers: int) -> dict[str, tuple[int, ...]]:

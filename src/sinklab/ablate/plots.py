@@ -1,14 +1,11 @@
-"""One figure per experiment (matplotlib Agg): data in, PNG out, the plotted numbers beside it."""
+"""One figure per experiment: data in, a matplotlib Figure out (saved as PNG with the plotted
+numbers beside it when a path is given)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Any
 
-import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt
 from matplotlib.figure import Figure
 
 from sinklab import figures
@@ -20,9 +17,12 @@ def _title(data: dict[str, Any]) -> str:
     return f"{data['experiment']}: " + ", ".join([*figures.run_names(data["meta"]), *run])
 
 
-def _save(fig: Figure, plotted: dict[str, Any], data: dict[str, Any], path: Path) -> Figure:
+def _save(fig: Figure, plotted: dict[str, Any], data: dict[str, Any], path: Path | None) -> Figure:
+    """Title ``fig``, attach its numbers and write it to ``path`` (None: only return it)."""
     fig.suptitle(_title(data), fontsize=8)
-    figures.save(fig, path, {"title": _title(data), **plotted})
+    figures.with_numbers(fig, {"title": _title(data), **plotted})
+    if path is not None:
+        figures.save(fig, path)
     return fig
 
 
@@ -34,14 +34,14 @@ def _bar_ppl(ax: Any, names: list[str], ppl: list[float]) -> None:
 
 
 def _ppl_and_layer_curves(
-    data: dict[str, Any], path: Path, metric: str, xlabel: str, ylabel: str, key: str
+    data: dict[str, Any], path: Path | None, metric: str, xlabel: str, ylabel: str, key: str
 ) -> Figure:
     """Perplexity bars per condition beside a per-layer curve of ``metric`` per condition."""
     cond = data["conditions"]
     names = list(cond)
     ppl = [cond[n]["perplexity"] for n in names]
     curves = {n: cond[n][metric] for n in names}
-    fig, (a, b) = plt.subplots(1, 2, figsize=(10, 4))
+    fig, (a, b) = figures.subplots(1, 2, figsize=(10, 4))
     _bar_ppl(a, names, ppl)
     a.set_xlabel(xlabel)
     for n, values in curves.items():
@@ -52,13 +52,13 @@ def _ppl_and_layer_curves(
     return _save(fig, {key: names, "perplexity": ppl, metric: curves}, data, path)
 
 
-def plot_first_token(data: dict[str, Any], path: Path) -> Figure:
+def plot_first_token(data: dict[str, Any], path: Path | None = None) -> Figure:
     return _ppl_and_layer_curves(
         data, path, "sink_mass_by_layer", "first token", "sink mass (mean over heads)", "modes"
     )
 
 
-def plot_mask_sink(data: dict[str, Any], path: Path) -> Figure:
+def plot_mask_sink(data: dict[str, Any], path: Path | None = None) -> Figure:
     return _ppl_and_layer_curves(
         data,
         path,
@@ -72,7 +72,7 @@ def plot_mask_sink(data: dict[str, Any], path: Path) -> Figure:
 SITE_LABELS = {"residual": "residual stream", "attention_input": "attention input", "key": "keys"}
 
 
-def plot_density(data: dict[str, Any], path: Path) -> Figure:
+def plot_density(data: dict[str, Any], path: Path | None = None) -> Figure:
     """Similarity after the modified layers vs the density parameter (both sites), perplexity,
     and the per-layer attention-input similarity of every condition."""
     param = data["parameter"]
@@ -80,7 +80,7 @@ def plot_density(data: dict[str, Any], path: Path) -> Figure:
     xs = [v[param] for v in cond.values()]
     after = {s: [v["after_group_similarity"][s] for v in cond.values()] for s in data["sites"]}
     ppl = [v["ppl"] for v in cond.values()]
-    fig, (a, b, c) = plt.subplots(1, 3, figsize=(14, 4))
+    fig, (a, b, c) = figures.subplots(1, 3, figsize=(14, 4))
     for s, ys in after.items():
         a.plot(xs, ys, marker="o", label=SITE_LABELS[s])
     xlabel = {"lam": "lam (0 = the model, 1 = uniform causal)", "tau": "temperature tau"}[param]
@@ -112,12 +112,12 @@ def plot_density(data: dict[str, Any], path: Path) -> Figure:
     return _save(fig, plotted, data, path)
 
 
-def plot_sensitivity(data: dict[str, Any], path: Path) -> Figure:
+def plot_sensitivity(data: dict[str, Any], path: Path | None = None) -> Figure:
     import numpy as np
 
     pos = data["positions"]
     mats = {k: np.asarray(v, dtype=float) for k, v in data["matrices"].items()}
-    fig, axes = plt.subplots(1, 3, figsize=(14, 4))
+    fig, axes = figures.subplots(1, 3, figsize=(14, 4))
     vmax = max(float(np.log10(m[m > 0]).max()) for m in mats.values())
     vmin = min(float(np.log10(m[m > 0]).min()) for m in mats.values())
     for ax, (name, m) in zip(axes[:2], mats.items(), strict=True):
@@ -145,11 +145,11 @@ def plot_sensitivity(data: dict[str, Any], path: Path) -> Figure:
     return fig
 
 
-def plot_geometry(data: dict[str, Any], path: Path) -> Figure:
+def plot_geometry(data: dict[str, Any], path: Path | None = None) -> Figure:
     """First-token cosine and token similarity per layer at the three sites (mean over texts),
     the middle layers of the verdict shaded; head kinds per layer."""
     layers = data["layers"]
-    fig, axes = plt.subplots(1, 3, figsize=(15, 4))
+    fig, axes = figures.subplots(1, 3, figsize=(15, 4))
     plotted: dict[str, Any] = {"middle_layers": data["middle_layers"]}
     mid = data["middle_layers"]
     for ax, metric in zip(axes[:2], ("first_token_cosine", "token_similarity"), strict=True):

@@ -239,6 +239,24 @@ class ClaimsResult:
             "claims": [r.to_json() for r in self.rows],
         }
 
+    def figures(self) -> dict[str, Any]:
+        """The claims figure (each effect and interval against its threshold), by name."""
+        from sinklab.claims.plots import claims_figure
+
+        return {"claims_effects": claims_figure([r.to_json() for r in self.rows])}
+
+    def to_frame(self) -> Any:
+        """A pandas DataFrame, one row per claim: id, verdict, effect, its 95 % interval, the
+        threshold and its side, valid samples, and the reason."""
+        from sinklab.frames import records_frame
+
+        rows = []
+        for r in (row.to_json() for row in self.rows):
+            low, high = r["interval"] or (None, None)
+            rows.append({**r, "low": low, "high": high})
+        columns = ["id", "verdict", "effect", "low", "high", "threshold", "direction"]
+        return records_frame(rows, [*columns, "n_valid", "n_samples", "reason"])
+
 
 def text_samples(tokenizer: Any, config: ClaimsConfig, max_positions: int | None) -> list[Sample]:
     """``windows`` consecutive windows of ``window_tokens`` of each text: [(name, ids (T,))]."""

@@ -22,18 +22,13 @@ def plot_points(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return points
 
 
-def plot_claims(rows: list[dict[str, Any]], path: Path, *, title: str = "") -> Path:
-    """Draw the claims figure to ``path`` (PNG), its numbers to ``path.with_suffix(".json")``."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    from sinklab.figures import save
+def claims_figure(rows: list[dict[str, Any]], *, title: str = "") -> Any:
+    """The claims figure (a matplotlib Figure carrying its plotted numbers)."""
+    from sinklab.figures import subplots, with_numbers
 
     points = plot_points(rows)
     n = len(points)
-    fig, ax = plt.subplots(figsize=(8.5, 0.45 * n + 1.6))
+    fig, ax = subplots(figsize=(8.5, 0.45 * n + 1.6))
     for i, p in enumerate(points):
         y = n - 1 - i
         colour = COLOURS[p["verdict"]]
@@ -49,4 +44,11 @@ def plot_claims(rows: list[dict[str, Any]], path: Path, *, title: str = "") -> P
     ax.set_xlabel("effect - threshold, signed: > 0 is the claimed direction (mean, 95 % CI)")
     ax.set_title(title or "Claims: effect and bootstrap 95 % interval", fontsize=10)
     ax.grid(axis="x", alpha=0.3)
-    return save(fig, Path(path), {"title": title, "points": points})
+    return with_numbers(fig, {"title": title, "points": points})
+
+
+def plot_claims(rows: list[dict[str, Any]], path: Path, *, title: str = "") -> Path:
+    """Draw the claims figure to ``path`` (PNG), its numbers to ``path.with_suffix(".json")``."""
+    from sinklab.figures import save
+
+    return save(claims_figure(rows, title=title), Path(path))

@@ -136,14 +136,14 @@ def ablate(
     sinklab ablate -e density --lams 0,0.5,1 --out runs/density;
     sinklab ablate -e density --protocol temperature --temperatures 0.5,1,2 --layers 10-19
     """
-    from sinklab.ablate import AblationConfig, check_experiment, get_experiment, run_experiment
-    from sinklab.ablate.inputs import experiment_ids
+    from sinklab.ablate import AblationConfig, check_experiment
+    from sinklab.ablate.run import AblationRun
     from sinklab.corpus import load_text
     from sinklab.meta import attach_meta
     from sinklab.models.arch import model_shape
     from sinklab.outputs import check_out, write_results
 
-    # Cheap checks first: nothing loads before the arguments are known to be sane.
+    # parse: nothing loads before the arguments are known to be sane
     check_experiment(experiment)
     _refuse_inapplicable(ctx, experiment)
     kw: dict = {"lams": parse_float_list(lams, "--lams", "0,0.5,1")} if lams is not None else {}
@@ -162,35 +162,27 @@ def ablate(
         seed=seed,
         **kw,
     )
-    config.check_tokens(tokens)
-    if texts < 1:
-        raise SinklabError(f"--texts must be >= 1, got {texts}")
+    run = AblationRun(experiment, config, tokens, texts)
     out = check_out(out, "ablate")
     txt = load_text(text)
     loaded = load(model, dtype, device, trust_remote_code)
     config.check_model(*model_shape(loaded.model))  # layer / head ranges, before any work
     check_positions(loaded.info, tokens, "--tokens")
-    ids = experiment_ids(
-        text, txt, loaded.tokenizer, tokens, texts if get_experiment(experiment).texts else 1
-    )  # (B, T)
+    ids = run.ids(text, txt, loaded.tokenizer)  # (B, T)
+    # run
     start = time.perf_counter()
     with progress(fmt is OutputFormat.text) as bars:
-        result = run_experiment(
-            experiment,
-            loaded.model,
-            loaded.tokenizer,
-            ids,
-            config,
-            callback=bars.callback(experiment),  # (done, total)
-        )
+        result = run.run(loaded.model, loaded.tokenizer, ids, bars.callback(experiment))
     seconds = time.perf_counter() - start
     data = attach_meta(result, loaded.info, txt, result.params(), seconds).to_json()
 
-    def figure(folder: Path) -> list[Path]:  # its numbers go to {experiment}.json beside
+    # write: the figure, its numbers as {experiment}.json beside it
+    def figure(folder: Path) -> list[Path]:
         result.figure(folder / f"{experiment}.png")
         return [folder / f"{experiment}.png"]
 
     path, figure_path = write_results(out, "ablate", {"ablate.json": data}, figure)
+    # print
     if fmt is OutputFormat.json:
         emit_json(data)
         return

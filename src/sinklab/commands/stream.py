@@ -141,7 +141,7 @@ def stream(
     data = data.to_json()
     # write, then print
     written = write_results(
-        out, "stream", {"stream.json": data}, lambda folder: run.figures(data, folder)
+        out, "stream", {"stream.json": data}, lambda folder: run.write_figures(data, folder)
     )
     for line in [method_line(data), *policy_lines(data), collapse_sentence(data)]:
         if line:

@@ -1,5 +1,6 @@
-"""Lab figures (matplotlib, Agg). Each takes data and a path, saves the PNG and the plotted
-numbers as JSON beside it (same stem, ``.json``), and returns the PNG path."""
+"""Lab figures (made outside pyplot: :func:`sinklab.figures.subplots`). Each takes data and a
+path, saves the PNG and the plotted numbers as JSON beside it (same stem, ``.json``), and
+returns the PNG path."""
 
 from __future__ import annotations
 
@@ -7,10 +8,6 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt
 from matplotlib.ticker import NullFormatter
 
 from sinklab import figures
@@ -19,7 +16,7 @@ from sinklab.probe.spec import rate_key
 
 def plot_loss(loss: Sequence[tuple[int, float]], path: Path, *, title: str = "") -> Path:
     """Training loss (nats/token) against step."""
-    fig, ax = plt.subplots(figsize=(6, 4))
+    fig, ax = figures.subplots(figsize=(6, 4))
     steps, values = [s for s, _ in loss], [v for _, v in loss]
     ax.plot(steps, values, lw=0.8)
     ax.set(xlabel="step", ylabel="training loss (nats / token)", title=f"loss: {title}")
@@ -33,7 +30,7 @@ def plot_sink_emergence(
     """Sink rate (at each eps the checkpoints hold) and mean first-token sink mass against step."""
     steps = [c["step"] for c in checkpoints]
     numbers: dict[str, Any] = {"step": steps, "title": title, "q0": 0}
-    fig, ax = plt.subplots(figsize=(6, 4))
+    fig, ax = figures.subplots(figsize=(6, 4))
     x = [max(s, 0.5) for s in steps]  # log axis: step 0 drawn at 0.5
     for eps in checkpoints[0]["sink_rate"] if checkpoints else []:
         rate = [c["sink_rate"][eps] for c in checkpoints]
@@ -54,7 +51,7 @@ def plot_sweep(rows: Sequence[dict[str, Any]], path: Path, *, title: str = "") -
     """Per run: sink rate (at each eps the rows hold), first-token mass, and the damage of
     removing BOS / the first token."""
     names = [r["name"] for r in rows]
-    fig, (a1, a2) = plt.subplots(1, 2, figsize=(10, 4))
+    fig, (a1, a2) = figures.subplots(1, 2, figsize=(10, 4))
     x = range(len(rows))
     keys = (*(k for k in rows[0] if k.startswith("sink_rate@")), "first_token_sink_mass")
     for i, key in enumerate(keys):
@@ -74,7 +71,7 @@ def plot_cost(
     rows: Sequence[dict[str, Any]], fits: dict[str, Any], path: Path, *, subtitle: str = ""
 ) -> Path:
     """Log-log norm of the fitted layer against T, per pattern, with the fitted power laws."""
-    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
+    fig, axes = figures.subplots(1, 2, figsize=(10, 4))
     if subtitle:
         fig.suptitle(subtitle, fontsize=9)
     for ax, norm in zip(axes, ("fro", "nuc"), strict=True):
@@ -108,7 +105,7 @@ def plot_emergence_curves(
         ("prev_token_mass_trigger", "previous-token mass, trigger queries"),
         ("output_norm_ratio", "||o|| non-trigger / ||o|| trigger"),
     )
-    fig, axes = plt.subplots(1, 3, figsize=(14, 4))
+    fig, axes = figures.subplots(1, 3, figsize=(14, 4))
     numbers: dict[str, Any] = {"title": title, "runs": {}}
     for name, checkpoints in curves.items():
         steps = [c["step"] for c in checkpoints]

@@ -583,6 +583,7 @@ def load_model(
     Raises :class:`SinklabError` for a missing path, an id not in the local cache, a model that
     is not a causal LM, pickle-only, broken or missing weights, or weights that do not fit.
     """
+    enforce_offline()  # sinklab never downloads: set before transformers is first imported
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()  # the CLI shows its own progress

@@ -2,9 +2,9 @@
 
 :func:`enforce_offline` sets the Hub's and transformers' offline switches in the environment
 (read when those libraries are imported) and, where they are already imported, in their module
-state too. ``sinklab/__init__`` calls it before anything imports ``huggingface_hub`` or
-``transformers``, and the model loader calls it again before every load: an id is then resolved
-in the local cache only, with no DNS query, no user-agent probe and no telemetry.
+state too. The command line calls it first thing (``sinklab.cli``), and the model loader at the
+start of every load (``import sinklab`` alone changes nothing): an id is then resolved in the
+local cache only, with no DNS query, no user-agent probe and no telemetry.
 :func:`cache_dir` is where sinklab keeps what it derives from installed files (the float32
 copies of the zoo's GGUF models, the fetched zoo files).
 """

@@ -7,11 +7,6 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt
-
 from sinklab import figures
 from sinklab.probe.metrics import layer_means
 
@@ -28,20 +23,19 @@ CAPTIONS = {
 }
 
 
-def plot_sink_heatmap(sink_mass: list[list[float]], path: Path, title: str) -> Path:
+def sink_heatmap_figure(sink_mass: list[list[float]], title: str) -> Any:
     """Layer x head heatmap of sink mass (fraction of attention on key 0, 0..1)."""
-    return figures.heatmap(
+    return figures.heatmap_figure(
         sink_mass,
-        path,
         title=title,
         cbar="sink mass (fraction of attention on key 0)",
         numbers={"title": title, "sink_mass": sink_mass, "axes": ["layer", "head"]},
     )
 
 
-def plot_layer_curves(curves: dict[str, list[float]], path: Path, title: str) -> Path:
+def layer_curves_figure(curves: dict[str, list[float]], title: str) -> Any:
     """Per-layer curves: mean sink mass over heads, first-token cosine, token similarity."""
-    fig, ax = plt.subplots(figsize=(7, 4))
+    fig, ax = figures.subplots(figsize=(7, 4))
     for name, ys in curves.items():
         ax.plot(range(len(ys)), ys, marker="o", markersize=3, label=name)
     ax.axhline(0.0, color="grey", linewidth=0.6)
@@ -49,13 +43,13 @@ def plot_layer_curves(curves: dict[str, list[float]], path: Path, title: str) ->
     ax.set_ylabel("value (mass: fraction of attention; cosine: -1..1)")
     ax.set_title(title, fontsize=9)
     ax.legend(fontsize=8)
-    return figures.save(fig, path, {"title": title, "x": "layer", **curves})
+    return figures.with_numbers(fig, {"title": title, "x": "layer", **curves})
 
 
-def plot_length_trend(trend: list[dict[str, Any]], path: Path, title: str) -> Path:
+def length_trend_figure(trend: list[dict[str, Any]], title: str) -> Any:
     """Sink rate and mean sink mass against context length (tokens, log scale)."""
     lengths = [e["tokens"] for e in trend]
-    fig, ax = plt.subplots(figsize=(7, 4))
+    fig, ax = figures.subplots(figsize=(7, 4))
     for key in trend[0]["sink_rate"]:
         ax.plot(
             lengths, [e["sink_rate"][key] for e in trend], marker="o", label=f"sink rate eps={key}"
@@ -67,21 +61,19 @@ def plot_length_trend(trend: list[dict[str, Any]], path: Path, title: str) -> Pa
     ax.set_ylim(0, 1)
     ax.set_title(title, fontsize=9)
     ax.legend(fontsize=8)
-    return figures.save(fig, path, {"title": title, "by_length": trend})
+    return figures.with_numbers(fig, {"title": title, "by_length": trend})
 
 
-def probe_figures(data: dict[str, Any], folder: Path, lengths_only: bool = False) -> list[Path]:
-    """Every figure of a probe result (``probe.json``'s content) into ``folder``: the heatmap and
-    the per-layer curves, and with ``by_length`` the length trend and the per-layer mass by
+def probe_figure_set(data: dict[str, Any], lengths_only: bool = False) -> dict[str, Any]:
+    """Every figure of a probe result's JSON (``probe.json``'s content), by file stem: the heatmap
+    and the per-layer curves, and with ``by_length`` the length trend and the per-layer mass by
     length. ``lengths_only``: just the length figures (the report's length section)."""
     p = data["meta"]["params"]
     tokens = p.get("tokens") or max(p.get("lengths") or [0])
     tag = " | ".join([*figures.run_names(data["meta"]), f"{tokens} tokens", f"q0={p['q0']}"])
-    paths = []
+    out: dict[str, Any] = {}
     if not lengths_only:
-        paths.append(
-            plot_sink_heatmap(data["sink_mass"], folder / f"{HEATMAP}.png", f"sink mass\n{tag}")
-        )
+        out[HEATMAP] = sink_heatmap_figure(data["sink_mass"], f"sink mass\n{tag}")
         curves = {
             "sink mass (mean over heads)": layer_means(data["sink_mass"]),
             "first-token cosine": data["first_token_cosine"],
@@ -91,24 +83,25 @@ def probe_figures(data: dict[str, Any], folder: Path, lengths_only: bool = False
             ys = [e["first_token_cosine"][site] for e in data["geometry"]["layers"]]
             if None not in ys:
                 curves[f"first-token cosine, {site.replace('_', ' ')} (entering the layer)"] = ys
-        paths.append(plot_layer_curves(curves, folder / f"{CURVES}.png", f"per layer\n{tag}"))
+        out[CURVES] = layer_curves_figure(curves, f"per layer\n{tag}")
     if "by_length" in data:
         rows = data["by_length"]
         eps = ",".join(f"{e:g}" for e in p["eps"])
-        paths.append(
-            plot_length_trend(rows, folder / f"{TREND}.png", f"sinks vs length (eps={eps})\n{tag}")
+        out[TREND] = length_trend_figure(rows, f"sinks vs length (eps={eps})\n{tag}")
+        out[BY_LAYER] = figures.curves_figure(
+            list(range(len(rows[0]["sink_mass_by_layer"]))),
+            {f"T={r['tokens']}": r["sink_mass_by_layer"] for r in rows},
+            title=f"mean sink mass per layer, by context length\n{tag}",
+            xlabel="layer",
+            ylabel="mean sink mass over heads",
         )
-        paths.append(
-            figures.curves(
-                list(range(len(rows[0]["sink_mass_by_layer"]))),
-                {f"T={r['tokens']}": r["sink_mass_by_layer"] for r in rows},
-                folder / f"{BY_LAYER}.png",
-                title=f"mean sink mass per layer, by context length\n{tag}",
-                xlabel="layer",
-                ylabel="mean sink mass over heads",
-            )
-        )
-    return paths
+    return out
+
+
+def probe_figures(data: dict[str, Any], folder: Path, lengths_only: bool = False) -> list[Path]:
+    """:func:`probe_figure_set` written into ``folder`` (``NAME.png`` + ``NAME.json`` each)."""
+    sets = probe_figure_set(data, lengths_only)
+    return [figures.save(fig, Path(folder) / f"{name}.png") for name, fig in sets.items()]
 
 
 def protocol_figures(data: dict[str, Any], folder: Path) -> list[Path]:
@@ -120,7 +113,7 @@ def protocol_figures(data: dict[str, Any], folder: Path) -> list[Path]:
         f"{data['protocol']} protocol: {data['sink_rate_pct']:.1f} % sink (eps {data['eps']:g}, "
         f"{data['samples']} x {data['tokens']} tokens)"
     )
-    fig, ax = plt.subplots(figsize=(7, 4))
+    fig, ax = figures.subplots(figsize=(7, 4))
     ax.bar(range(len(by_layer)), by_layer, color="#4c72b0", label="sink rate, %")
     ax.plot(range(len(alpha)), [100 * a for a in alpha], "o-", color="#dd8452", ms=3,
             label="mean alpha_0 over heads and samples, %")  # fmt: skip

@@ -25,17 +25,30 @@ MAX_ROWS = 40
 GEOMETRY_TEXTS = 3  # geometry: this many texts (plays of the default corpus, else windows)
 
 
+def _ablation_run(ctx: StageContext, name: str) -> Any:
+    """The stage's run: the report's sizes, as ``sinklab ablate`` runs them."""
+    from sinklab.ablate import AblationConfig
+    from sinklab.ablate.run import AblationRun
+
+    c = ctx.config
+    tokens = ctx.cap_tokens(c.ablate_tokens)
+    kw: dict[str, Any] = {"eps": c.thresholds} if "eps" in _record(name).options else {}
+    if name == "sensitivity":
+        kw["grid"] = min(c.sensitivity_grid, tokens)
+    config = AblationConfig(q0=min(c.q0, tokens - 1), seed=c.seed, **kw)
+    return AblationRun(name, config, tokens, GEOMETRY_TEXTS if _record(name).texts else 1)
+
+
 def _params(name: str):
     def params(ctx: StageContext) -> dict[str, Any]:
-        c = ctx.config
-        tokens = ctx.cap_tokens(c.ablate_tokens)
-        p: dict[str, Any] = {"tokens": tokens, "q0": min(c.q0, tokens - 1), "seed": c.seed}
+        run = _ablation_run(ctx, name)
+        p: dict[str, Any] = {"tokens": run.tokens, "q0": run.config.q0, "seed": run.config.seed}
         if "eps" in _record(name).options:
-            p["eps"] = c.thresholds
+            p["eps"] = run.config.eps
         if name == "sensitivity":
-            p["grid"] = min(c.sensitivity_grid, tokens)
+            p["grid"] = run.config.grid
         if _record(name).texts:
-            p["texts"] = GEOMETRY_TEXTS
+            p["texts"] = run.texts
         return p
 
     return params
@@ -43,35 +56,23 @@ def _params(name: str):
 
 def _command(name: str):
     def command(ctx: StageContext) -> list[str]:
-        p = _params(name)(ctx)
-        cmd = ["sinklab", "ablate", "--experiment", name, *ctx.model_args]
-        cmd += ["--text", ctx.text_spec, "--tokens", str(p["tokens"]), "--q0", str(p["q0"])]
-        for key in ("grid", "texts"):
-            if key in p:
-                cmd += [f"--{key}", str(p[key])]
-        if "eps" in p:
-            cmd += ["--eps", ",".join(map(str, p["eps"]))]
-        return [*cmd, "--seed", str(p["seed"]), "--out", reproduce_dir(ctx, name)]
+        run = _ablation_run(ctx, name)
+        return run.argv(ctx.model_args, ctx.text_spec, reproduce_dir(ctx, name))
 
     return command
 
 
 def _run(name: str):
     def run(ctx: StageContext) -> StageOutput:
-        from sinklab.ablate import AblationConfig, run_experiment
-        from sinklab.ablate.inputs import experiment_ids
-
-        p = _params(name)(ctx)
-        eps = {"eps": p["eps"]} if "eps" in p else {}
-        config = AblationConfig(q0=p["q0"], grid=p.get("grid", 16), seed=p["seed"], **eps)
-        n = p["tokens"]
-        ids = experiment_ids(ctx.text_spec, ctx.text, ctx.loaded.tokenizer, n, p.get("texts", 1))
-
-        def callback(done: int, total: int) -> None:
-            ctx.progress(done / max(1, total), f"condition {done}/{total}")
-
+        ablation = _ablation_run(ctx, name)
+        ids = ablation.ids(ctx.text_spec, ctx.text, ctx.loaded.tokenizer)
         start = time.perf_counter()
-        result = run_experiment(name, ctx.loaded.model, ctx.loaded.tokenizer, ids, config, callback)
+        result = ablation.run(
+            ctx.loaded.model,
+            ctx.loaded.tokenizer,
+            ids,
+            lambda done, total, note: ctx.progress(done / max(1, total), note),
+        )
         seconds = time.perf_counter() - start
         attach_meta(result, ctx.loaded.info, ctx.text, result.params(), seconds)
         data = result.to_json()

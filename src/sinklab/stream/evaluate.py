@@ -45,7 +45,13 @@ from sinklab.probe import ProbeConfig, probe
 from sinklab.stream.band import DEFAULT_CHUNK, chunked_nll, chunked_refusal
 from sinklab.stream.cache import CacheConfig, SinkCache
 from sinklab.stream.oracle import recompute_nll, recompute_nll_batched
-from sinklab.stream.summary import collapse_point
+from sinklab.stream.summary import (
+    BLOCK_FIGURE,
+    FIGURE,
+    block_ppl_figure,
+    collapse_point,
+    running_ppl_figure,
+)
 
 __all__ = [
     "METHODS",
@@ -204,6 +210,23 @@ class StreamResult:
                 "ppl": self.scored_ppl(),
             }
         return data
+
+    def figures(self) -> dict[str, Any]:
+        """The running- and block-perplexity matplotlib Figures by name, with or without
+        ``meta`` (a bare result is titled by its config)."""
+        from sinklab.meta import bare_meta
+
+        data = self.to_json()
+        data["meta"] = self.meta or bare_meta(self.config)
+        return {FIGURE: running_ppl_figure(data), BLOCK_FIGURE: block_ppl_figure(data)}
+
+    def to_frame(self) -> Any:
+        """A pandas DataFrame, one row per policy: its perplexity, targets scored, speed, memory
+        and cache size (the per-target NLLs stay in ``policies[p].nll``)."""
+        from sinklab.frames import records_frame
+
+        columns = ["policy", "ppl", "n_scored", "tokens_per_s", "peak_rss_mb", "max_cache_len"]
+        return records_frame((r.to_json() for r in self.policies.values()), columns)
 
 
 # ------------------------------------------------------------------------------- helpers

@@ -13,8 +13,8 @@ from typing import Any
 from torch import Tensor
 
 from sinklab.progress import Progress
+from sinklab.stream import summary
 from sinklab.stream.evaluate import StreamConfig, StreamResult, streaming_perplexity
-from sinklab.stream.summary import plot_block_ppl, plot_running_ppl
 
 
 @dataclass(frozen=True)
@@ -60,9 +60,16 @@ class StreamRun:
 
         return streaming_perplexity(model, ids[: self.tokens], c, tick)
 
-    def figures(self, data: dict[str, Any], folder: Path) -> list[Path]:
-        """The running-perplexity and block-perplexity figures of a result's JSON."""
-        return [plot_running_ppl(data, folder), plot_block_ppl(data, folder)]
+    def figures(self, data: dict[str, Any]) -> dict[str, Any]:
+        """The running-perplexity and block-perplexity Figures of a result's JSON, by file stem."""
+        return {
+            summary.FIGURE: summary.running_ppl_figure(data),
+            summary.BLOCK_FIGURE: summary.block_ppl_figure(data),
+        }
+
+    def write_figures(self, data: dict[str, Any], folder: Path) -> list[Path]:
+        """The figures written into ``folder`` (``NAME.png`` + ``NAME.json`` each)."""
+        return [summary.plot_running_ppl(data, folder), summary.plot_block_ppl(data, folder)]
 
     def argv(self, model_args: list[str], text: str, out: str) -> list[str]:
         """The ``sinklab stream`` command line that runs exactly this (``model_args``:

@@ -31,8 +31,14 @@ def running_ppl(nll: list[float]) -> list[float]:
 
 
 def plot_running_ppl(data: dict[str, Any], folder: Path) -> Path:
-    """Running perplexity against tokens, every policy, log scale, the eviction point dashed;
-    ``folder/running_ppl.png`` + its numbers as JSON."""
+    """:func:`running_ppl_figure` as ``folder/running_ppl.png`` + its numbers as JSON."""
+    from sinklab import figures
+
+    return figures.save(running_ppl_figure(data), Path(folder) / f"{FIGURE}.png")
+
+
+def running_ppl_figure(data: dict[str, Any]) -> Any:
+    """Running perplexity against tokens, every policy, log scale, the eviction point dashed."""
     from sinklab import figures
 
     p = data["meta"]["params"]
@@ -40,10 +46,9 @@ def plot_running_ppl(data: dict[str, Any], folder: Path) -> Path:
     pols = data["policies"]
     n = max(len(r["nll"]) for r in pols.values())
     stride = max(1, n // 2000)  # at most ~2000 points per line
-    return figures.curves(
+    return figures.curves_figure(
         list(range(1, n + 1))[::stride],
         {name: running_ppl(r["nll"])[::stride] for name, r in pols.items()},
-        Path(folder) / f"{FIGURE}.png",
         title=f"Streaming perplexity ({names}, n_sink={p['n_sink']}, window={p['window']})",
         xlabel="tokens streamed",
         ylabel="running perplexity (log scale)",
@@ -93,23 +98,30 @@ def collapse_sentence(data: dict[str, Any]) -> str | None:
 
 
 def plot_block_ppl(data: dict[str, Any], folder: Path) -> Path:
+    """:func:`block_ppl_figure` as ``folder/block_ppl.png`` + its numbers as JSON."""
+    from sinklab import figures
+
+    return figures.save(block_ppl_figure(data), Path(folder) / f"{BLOCK_FIGURE}.png")
+
+
+def block_ppl_figure(data: dict[str, Any]) -> Any:
     """Perplexity of each block of ``segment`` targets, every cached policy (recompute, scored on
     every K-th target only, is left out), log scale, the model's trained positions dashed when the
-    stream passes them; ``folder/block_ppl.png`` + its numbers as JSON."""
+    stream passes them."""
     from sinklab import figures
 
     block = data["meta"]["params"]["segment"]
     model = data["meta"]["model"] or {}  # None for no model (never for a stream)
     names = ", ".join(figures.run_names(data["meta"]))
-    cached = {n: r["segment_ppl"] for n, r in data["policies"].items() if n != "recompute"}
+    pols = data["policies"]
+    cached = {n: r["segment_ppl"] for n, r in pols.items() if r["max_cache_len"] is not None}
     if not cached:  # recompute alone: its blocks, then
         cached = {n: r["segment_ppl"] for n, r in data["policies"].items()}
     n = max(len(v) for v in cached.values())
     max_pos = model.get("max_positions")
-    return figures.curves(
+    return figures.curves_figure(
         [(i + 1) * block for i in range(n)],
         cached,
-        Path(folder) / f"{BLOCK_FIGURE}.png",
         title=f"Perplexity of each {block} tokens ({names})",
         xlabel="tokens streamed",
         ylabel="block perplexity (log)",
