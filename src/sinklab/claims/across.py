@@ -108,16 +108,11 @@ def plot_across(
     """Each claim a band of rows, one per model: effect - threshold signed so that right of 0 is
     the claimed direction, with its 95 % interval; colour = verdict, marker = model. The plotted
     numbers go beside the PNG."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    from sinklab.figures import save
+    from sinklab.figures import save, subplots
 
     markers = "osD^vP*X"
     n, k = len(table), len(models)
-    fig, ax = plt.subplots(figsize=(9, 0.32 * n * k + 2.0))
+    fig, ax = subplots(figsize=(9, 0.32 * n * k + 2.0))
     plotted = []
     for i, row in enumerate(table):
         base = (n - 1 - i) * (k + 1)

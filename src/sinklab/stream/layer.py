@@ -215,6 +215,45 @@ class SinkLayer(CacheLayerMixin):
             self.values[row : row + 1].index_select(-2, idx),
         )
 
+    def save_row(self, row: int, slots: Sequence[int]) -> dict[str, Tensor]:
+        """Copies of ``row``'s keys and values at ``slots`` (in that order; (H_kv, n, D)) and of
+        its sinks' original keys ((H_kv, n_sinks, D)): what a saved stream keeps."""
+        if not self.is_initialized:
+            raise SinklabError("this cache layer holds nothing; it cannot be saved")
+        idx = torch.tensor(list(slots), device=self.device, dtype=torch.long)
+        assert self.sink_keys is not None
+        return {
+            "keys": self.keys[row].index_select(-2, idx).clone(),
+            "values": self.values[row].index_select(-2, idx).clone(),
+            "sink_keys": self.sink_keys[row].clone(),
+        }
+
+    def restore(
+        self, saved: Sequence[dict[str, Tensor] | None], n_used: int, seen: int, device: Any
+    ) -> None:
+        """Hold ``saved`` (one per row, :meth:`save_row`'s; None: an empty row), each row's
+        kept slots right-aligned in ``[n_used - kept, n_used)``, having read ``seen`` columns."""
+        like = next(s for s in saved if s is not None)
+        k, v, sk = like["keys"], like["values"], like["sink_keys"]
+        b, slots = len(saved), (self.capacity or 0) + 1
+        self.device = device
+        self.keys = k.new_zeros(b, k.shape[0], slots, k.shape[-1], device=device)
+        self.values = v.new_zeros(b, v.shape[0], slots, v.shape[-1], device=device)
+        self.sink_keys = sk.new_zeros(b, *sk.shape, device=device)
+        for row, s in enumerate(saved):
+            if s is None:
+                continue
+            pad = n_used - s["keys"].shape[-2]
+            self.keys[row, :, pad:n_used] = s["keys"].to(device)
+            self.values[row, :, pad:n_used] = s["values"].to(device)
+            self.sink_keys[row] = s["sink_keys"].to(device)
+        rotate = self.rotary and self.rope is not None
+        self.sink_half = (
+            self.rope.rotate_half(self.sink_keys) if rotate else torch.zeros_like(self.sink_keys)
+        )
+        self.seen = seen
+        self.is_initialized = True
+
     def add_rows(self, n: int) -> None:
         """``n`` empty streams (zero rows) after the others."""
         if self.is_initialized:

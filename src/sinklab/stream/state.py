@@ -19,17 +19,13 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-import torch
 from torch import Tensor
 
 from sinklab.errors import SinklabError
 from sinklab.stream.policy import CacheConfig
 from sinklab.stream.slots import Row
-
-if TYPE_CHECKING:
-    from sinklab.stream.cache import SinkCache
 
 _ROW_FIELDS = ("seen", "base", "positions", "ring", "sinks")
 
@@ -119,7 +115,7 @@ class StreamState:
                 )
 
 
-def _servable(cache: SinkCache) -> None:
+def _servable(cache: Any) -> None:
     if cache.capacity is None or cache.hybrid:
         raise SinklabError(
             "only a bounded sink cache on a model with one kind of attention layer can be "
@@ -127,8 +123,9 @@ def _servable(cache: SinkCache) -> None:
         )
 
 
-def state_of(cache: SinkCache, row: int = 0) -> StreamState:
-    """Copy stream ``row`` of ``cache`` out, compacted to its kept positions in stream order."""
+def state_of(cache: Any, row: int = 0) -> StreamState:
+    """Copy stream ``row`` of ``cache`` (a :class:`~sinklab.stream.cache.SinkCache`) out,
+    compacted to its kept positions in stream order (each layer saves its own rows)."""
     _servable(cache)
     r: Row = cache.rows[row]
     order = sorted((p, s) for s, p in enumerate(r.slot_pos) if p >= 0)
@@ -146,10 +143,8 @@ def state_of(cache: SinkCache, row: int = 0) -> StreamState:
     for i, layer in enumerate(cache.layers):
         if not layer.is_initialized:
             raise SinklabError(f"layer {i} of this cache holds nothing; it cannot be saved")
-        slots = torch.tensor([s for _, s in order], device=layer.device)
-        state.tensors[f"{i}.keys"] = layer.keys[row].index_select(-2, slots).clone()
-        state.tensors[f"{i}.values"] = layer.values[row].index_select(-2, slots).clone()
-        state.tensors[f"{i}.sink_keys"] = layer.sink_keys[row].clone()
+        for name, tensor in layer.save_row(row, [s for _, s in order]).items():
+            state.tensors[f"{i}.{name}"] = tensor
     return state
 
 
@@ -165,10 +160,10 @@ def check_states(states: Sequence[StreamState]) -> CacheConfig:
     return config
 
 
-def fill_from_states(cache: SinkCache, states: Sequence[StreamState]) -> SinkCache:
-    """Make the fresh ``cache`` (of the states' config) continue ``states``: row ``b`` is
-    ``states[b]``, each row's kept slots right-aligned (the layout
-    :mod:`sinklab.stream.slots` keeps)."""
+def fill_from_states(cache: Any, states: Sequence[StreamState]) -> Any:
+    """Make the fresh ``cache`` (a :class:`~sinklab.stream.cache.SinkCache` of the states'
+    config) continue ``states``: row ``b`` is ``states[b]``, each row's kept slots right-aligned
+    (the layout :mod:`sinklab.stream.slots` keeps; each layer restores its own tensors)."""
     _servable(cache)
     n_used = max(s.kept for s in states)
     rows = []
@@ -190,27 +185,8 @@ def fill_from_states(cache: SinkCache, states: Sequence[StreamState]) -> SinkCac
     with_tensors = [s for s in states if s.tensors]
     if not with_tensors:
         return cache
-    dev = cache._device
+    names = ("keys", "values", "sink_keys")
     for i, layer in enumerate(cache.layers):
-        like_k = with_tensors[0].tensors[f"{i}.keys"]
-        like_v = with_tensors[0].tensors[f"{i}.values"]
-        like_s = with_tensors[0].tensors[f"{i}.sink_keys"]
-        b, slots = len(states), cache.capacity + 1  # type: ignore[operator]
-        layer.device = dev
-        layer.keys = like_k.new_zeros(b, like_k.shape[0], slots, like_k.shape[-1], device=dev)
-        layer.values = like_v.new_zeros(b, like_v.shape[0], slots, like_v.shape[-1], device=dev)
-        layer.sink_keys = like_s.new_zeros(b, *like_s.shape, device=dev)
-        for row, s in enumerate(states):
-            if not s.tensors:
-                continue
-            pad = n_used - s.kept
-            layer.keys[row, :, pad:n_used] = s.tensors[f"{i}.keys"].to(dev)
-            layer.values[row, :, pad:n_used] = s.tensors[f"{i}.values"].to(dev)
-            layer.sink_keys[row] = s.tensors[f"{i}.sink_keys"].to(dev)
-        layer.sink_half = (
-            cache.rope.rotate_half(layer.sink_keys)
-            if layer.rotary
-            else torch.zeros_like(layer.sink_keys)
-        )
-        layer.is_initialized = True
+        saved = [{n: s.tensors[f"{i}.{n}"] for n in names} if s.tensors else None for s in states]
+        layer.restore(saved, n_used, cache.seen, cache._device)
     return cache
