@@ -42,3 +42,21 @@ def test_bad_sizes_are_refused_before_any_work(kwargs, needle):
     kwargs = {"config": ProbeConfig(), "tokens": 16, **kwargs}
     with pytest.raises(SinklabError, match=needle):
         ProbeRun(**kwargs)
+
+
+def test_probe_run_argv_parses_back_to_the_same_run():
+    """ProbeRun.argv is the command line the probe command turns back into this run."""
+    from sinklab.commands.common import parse_float_list, parse_int_list
+    from sinklab.probe import ProbeConfig
+    from sinklab.probe.run import ProbeRun
+
+    run = ProbeRun(ProbeConfig(q0=4, eps=(0.45, 0.8)), 64, (32, 64), "bos")
+    argv = run.argv(["--model", "m"], "t", "o")
+    opts = dict(zip(argv[2::2], argv[3::2], strict=True))
+    back = ProbeRun(
+        ProbeConfig(q0=int(opts["--q0"]), eps=tuple(parse_float_list(opts["--eps"], "--eps", ""))),
+        int(opts["--tokens"]),
+        tuple(parse_int_list(opts["--lengths"], "--lengths")),
+        opts["--prepend"],
+    )
+    assert back == run and argv[:2] == ["sinklab", "probe"] and opts["--out"] == "o"

@@ -4,7 +4,6 @@ and returned as one JSON dict (``by_length`` beside the probe's own keys)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -14,9 +13,10 @@ from sinklab.corpus import check_token_spec
 from sinklab.errors import SinklabError
 from sinklab.models.arch import model_shape
 from sinklab.probe.core import ProbeConfig, ProbeResult, check_lengths, probe, probe_lengths
+from sinklab.progress import Progress
 
-#: callback(layers done over every run, total, label)
-RunCallback = Callable[[int, int, str], None]
+#: callback(layers done over every run, total, label): the one progress protocol
+RunCallback = Progress
 
 
 @dataclass(frozen=True)
@@ -58,6 +58,17 @@ class ProbeRun:
         lengths = None if self.lengths is None else list(self.lengths)
         sizes = {"tokens": self.tokens, "lengths": lengths, "prepend": self.prepend}
         return {**asdict(self.config), **sizes}
+
+    def argv(self, model_args: list[str], text: str, out: str) -> list[str]:
+        """The ``sinklab probe`` command line that runs exactly this (``model_args``: ``--model``
+        and the loading options; ``text``: the ``--text`` spec)."""
+        trend = ["--lengths", ",".join(map(str, self.lengths))] if self.lengths else []
+        first = ["--prepend", self.prepend] if self.prepend is not None else []
+        return [
+            *("sinklab", "probe", *model_args, "--text", text),
+            *("--tokens", str(self.tokens), *trend, "--q0", str(self.config.q0)),
+            *("--eps", ",".join(map(str, self.config.eps)), *first, "--out", out),
+        ]
 
     def run(
         self, model: nn.Module, ids: Tensor, callback: RunCallback | None = None

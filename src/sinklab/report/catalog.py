@@ -26,11 +26,6 @@ from sinklab.report.stages import (
     reproduce_dir,
 )
 
-
-def _base_command(ctx: StageContext, sub: str) -> list[str]:
-    return ["sinklab", sub, *ctx.model_args, "--text", ctx.text_spec]
-
-
 # --------------------------------------------------------------------------- probe
 
 
@@ -41,13 +36,10 @@ def _probe_params(ctx: StageContext) -> dict[str, Any]:
 
 def _probe_cli(ctx: StageContext, name: str, tokens: int, lengths: list[int] | None) -> list[str]:
     """``sinklab probe`` as stage ``name`` runs it (``--lengths``: the length trend)."""
-    trend = ["--lengths", ",".join(map(str, lengths))] if lengths else []
-    return [
-        *_base_command(ctx, "probe"),
-        *("--tokens", str(tokens), *trend, "--q0", str(ctx.config.q0)),
-        *("--eps", ",".join(map(str, _probe_config(ctx).eps))),
-        *("--out", reproduce_dir(ctx, name)),
-    ]
+    from sinklab.probe.run import ProbeRun
+
+    run = ProbeRun(_probe_config(ctx), tokens, tuple(lengths) if lengths else None)
+    return run.argv(ctx.model_args, ctx.text_spec, reproduce_dir(ctx, name))
 
 
 def _probe_command(ctx: StageContext) -> list[str]:
