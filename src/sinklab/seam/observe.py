@@ -24,16 +24,13 @@ serve goes to the block path (:mod:`sinklab.seam.blocks`) with the reason: :func
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from sinklab.attention import _with_sink_key
-
-if TYPE_CHECKING:
-    from sinklab.seam.handlers import AttentionHandler
 
 FUSED, BLOCK = "fused", "block"
 #: weight variants with a log-sum-exp form (a sink slot is one more key)
@@ -62,7 +59,7 @@ def lse_kernel_missing(device: torch.device) -> str | None:
 
 
 def route(
-    handlers: list[AttentionHandler],
+    handlers: list[Any],  # sinklab.seam.handlers.AttentionHandler (it imports this module)
     *,
     variant: str,
     softcap: float | None,
@@ -216,7 +213,7 @@ class LayerView:
 def observe_attention(
     module: nn.Module,
     layer: int,
-    handlers: list[AttentionHandler],
+    handlers: list[Any],  # sinklab.seam.handlers.AttentionHandler (it imports this module)
     query: Tensor,
     key: Tensor,
     value: Tensor,
