@@ -46,11 +46,12 @@ class Experiment:
     # to an experiment that does not list it is refused (``sinklab ablate`` and docs)
     options: tuple[str, ...] = ()
 
-    def draw(self, data: dict[str, Any], path: Path) -> Any:
-        """Draw the figure to ``path`` (PNG, plotted numbers beside it)."""
+    def draw(self, data: dict[str, Any], path: Path | None) -> Any:
+        """The experiment's Figure, written to ``path`` (PNG, plotted numbers beside it) unless
+        ``path`` is None."""
         from sinklab.ablate import plots
 
-        return getattr(plots, self.plot)(data, Path(path))
+        return getattr(plots, self.plot)(data, None if path is None else Path(path))
 
     def summary(self, data: dict[str, Any]) -> str | None:
         """The report's headline sentence: the title and the computed finding."""

@@ -50,11 +50,13 @@ class AblationRun:
         self.config.check_tokens(self.tokens)
         if self.texts < 1:
             raise SinklabError(f"--texts must be >= 1, got {self.texts}")
+        if not get_experiment(self.experiment).texts:  # reads one text: the count means nothing
+            object.__setattr__(self, "texts", 1)
 
     @property
     def rows(self) -> int:
         """Texts the experiment reads (1 unless its record reads several)."""
-        return self.texts if get_experiment(self.experiment).texts else 1
+        return self.texts
 
     def params(self) -> dict[str, Any]:
         """The run's inputs: the config's fields, the experiment and the input's size (what
