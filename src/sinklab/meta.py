@@ -14,7 +14,6 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from sinklab.corpus import Text
-    from sinklab.models.loading import ModelInfo
 
 
 def versions() -> dict[str, str]:
@@ -47,7 +46,7 @@ def bare_meta(params: Any) -> dict[str, Any]:
 
 def attach_meta(
     result: Any,
-    model: ModelInfo | None,
+    model: Any,  # sinklab.models.loading.ModelInfo, or None (the loader writes through meta)
     text: Text | Sequence[Text] | None,
     params: Any,
     seconds: float | None,
