@@ -9,8 +9,8 @@ per-token NLL agreement of the two. Every measured run is a fresh process (``--w
 rounds alternate which method goes first; medians over rounds. CPU seconds are given beside wall
 seconds and the load average is recorded (the machine may be shared).
 
-    python benchmarks/stream_hybrid.py --model gemma3-270m --tokens 700 --rounds 3 \
-        --out benchmarks/results/2026-12-02/stream-hybrid-gemma3.json
+    python benchmarks/stream_hybrid.py --model gemma3-270m --tokens 200 --window 60 --rounds 3 \
+        --threads 1 --out benchmarks/results/2026-12-02/stream-hybrid-gemma3.json
 """
 
 from __future__ import annotations
