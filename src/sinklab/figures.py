@@ -55,16 +55,16 @@ def plotted(fig: Figure) -> Any:
 
 
 def save(
-    fig: Figure, path: Path, values: Any = None, *, dpi: int = DPI, tight: bool = True
+    fig: Figure, path: Path, numbers: Any = None, *, dpi: int = DPI, tight: bool = True
 ) -> Path:
     """Write ``fig`` to ``path`` (PNG) and its plotted numbers beside it (``NAME.json``):
-    ``values``, else those :func:`with_numbers` attached."""
+    ``numbers``, else those :func:`with_numbers` attached."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     if tight:
         fig.tight_layout()
     fig.savefig(path, dpi=dpi)
-    write_json_atomic(path.with_suffix(".json"), plotted(fig) if values is None else values)
+    write_json_atomic(path.with_suffix(".json"), plotted(fig) if numbers is None else numbers)
     return path
 
 
