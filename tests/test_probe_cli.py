@@ -44,7 +44,9 @@ def test_probe_writes_json_and_figures(capsys, tmp_path: Path, tiny_model_dir):
     meta = data["meta"]
     params = meta["params"]  # one set of keys: the run's parameters only under params
     assert params["tokens"] == 48 and params["q0"] == 2 and params["eps"] == [0.3, 0.8]
-    assert set(meta) == {"model", "text", "params", "versions", "machine", "seconds"}
+    assert set(meta) == {"model", "text", "first_token", "params", "versions", "machine", "seconds"}
+    first = meta["first_token"]  # the tiny tokenizer adds nothing: the text's first word
+    assert (first["prepend"], first["added"], first["tokenizer_default"]) == ("default", [], True)
     assert len(meta["text"]["sha256"]) == 64 and "versions" in meta and "seconds" in meta
     assert [e["tokens"] for e in data["by_length"]] == [16, 48]
     for name in ("sink_mass_heatmap", "layer_curves", "length_trend", "by_layer"):

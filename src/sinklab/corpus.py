@@ -7,8 +7,13 @@ poems are left out) in **alphabetical order of file name**, strip any Project Gu
 header/footer, and join them with a blank line. ``shakespeare:hamlet`` selects one play.
 Users pass their own UTF-8 text files instead.
 
-The first token matters in this field, so it is never implicit: :func:`token_stream` tokenizes
-without special tokens and puts a chosen token first only when asked (``prepend``).
+The first token matters in this field: the model sinks on the token it was trained to see first.
+So every sequence sinklab feeds a model starts the way the model's own tokenizer starts one
+(``add_special_tokens=True``: Gemma's ``<bos>``, nothing for Qwen2.5 or SmolLM2) unless the user
+says otherwise (``prepend``: "none", "bos", "eos", an id or a one-token string).
+:func:`first_token` decides that prefix, once, for every path that builds ids (:func:`encode`,
+:func:`token_stream`, :func:`token_windows`), and :meth:`FirstToken.record` is what every result's
+``meta.first_token`` says about it (docs/models.md).
 """
 
 from __future__ import annotations
@@ -178,23 +183,72 @@ def resolve_token(tokenizer: Any, token: str | int) -> int:
     return int(ids[0])
 
 
-def token_stream(
-    text: Text | str,
-    tokenizer: Any,
-    n_tokens: int,
-    prepend: str | int | None = None,
-) -> torch.Tensor:
-    """Exactly ``n_tokens`` token ids (LongTensor (n_tokens,)) from the start of ``text``.
+DEFAULT_PREPEND = "default"  # the tokenizer's own start (add_special_tokens=True)
+PREPEND_HELP = (
+    "The first token: 'default' (what the model's tokenizer puts first: <bos> for Gemma, "
+    "nothing for Qwen2.5 or SmolLM2), 'none', 'bos', 'eos', a token id, or one token's text."
+)
 
-    Tokenizes a growing prefix (not the whole corpus) so long texts stay cheap. ``prepend`` puts a
-    chosen token first ("bos", "eos", an id, or a one-token string) and counts toward n_tokens.
-    """
-    body = text.text if isinstance(text, Text) else text
-    name = text.name if isinstance(text, Text) else "text"
-    if n_tokens < 2:
-        raise SinklabError(f"n_tokens must be at least 2, got {n_tokens}")
-    first = [] if prepend in (None, "", "none") else [resolve_token(tokenizer, prepend)]
-    need = n_tokens - len(first)
+
+def tokenizer_prefix(tokenizer: Any) -> tuple[int, ...]:
+    """The ids the tokenizer itself puts before any text (``add_special_tokens=True``), found by
+    encoding a probe text with and without special tokens."""
+    sample = "The"
+    plain = list(tokenizer(sample, add_special_tokens=False).input_ids)
+    full = list(tokenizer(sample, add_special_tokens=True).input_ids)
+    for k in range(len(full) - len(plain) + 1):
+        if full[k : k + len(plain)] == plain:
+            return tuple(int(i) for i in full[:k])
+    return ()
+
+
+@dataclass(frozen=True)
+class FirstToken:
+    """What every sequence of a run starts with, and how it was chosen.
+
+    ``prepend``: as asked ("default", "none", "bos", "eos", an id or a token); ``added``: the ids
+    put before the text; ``tokenizer_default``: whether that is what the tokenizer itself adds."""
+
+    prepend: str
+    added: tuple[int, ...]
+    tokenizer_default: bool
+
+    def record(self, tokenizer: Any, ids: torch.Tensor | list[int]) -> dict[str, Any]:
+        """``meta.first_token``: the first token of ``ids`` (a run's first sequence: id and
+        text), what was asked, what was added, and whether it was the tokenizer's default."""
+        flat = ids.reshape(-1)[:1].tolist() if isinstance(ids, torch.Tensor) else list(ids[:1])
+        first = int(flat[0]) if flat else None
+        return {
+            "id": first,
+            "text": None if first is None else tokenizer.decode([first]),
+            "prepend": self.prepend,
+            "added": list(self.added),
+            "tokenizer_default": self.tokenizer_default,
+        }
+
+
+def first_token(tokenizer: Any, prepend: str | int | None = None) -> FirstToken:
+    """The prefix every sequence gets: the tokenizer's own (``None`` / "default"), nothing
+    ("none"), or one chosen token ("bos", "eos", an id, a one-token string)."""
+    own = tokenizer_prefix(tokenizer)
+    spec = DEFAULT_PREPEND if prepend in (None, "", DEFAULT_PREPEND) else str(prepend)
+    if spec == DEFAULT_PREPEND:
+        added = own
+    elif spec.lower() == "none":
+        added = ()
+    else:
+        added = (resolve_token(tokenizer, prepend),)  # type: ignore[arg-type]
+    return FirstToken(spec, added, added == own)
+
+
+def encode(text: str, tokenizer: Any, first: FirstToken) -> list[int]:
+    """``text``'s ids after ``first``'s prefix (the text itself without special tokens)."""
+    return [*first.added, *tokenizer(text, add_special_tokens=False).input_ids]
+
+
+def _text_ids(body: str, name: str, tokenizer: Any, need: int, have: int) -> list[int]:
+    """The first ``need`` ids of ``body`` (tokenizing a growing, line-aligned prefix, not the
+    whole corpus, so long texts stay cheap); ``have``: prefix ids, for the error's count."""
     chars = max(4096, need * 6)
     while True:
         chunk = body[:chars]
@@ -207,10 +261,47 @@ def token_stream(
         chars *= 2
     if len(ids) < need:
         raise SinklabError(
-            f"{name} has only {len(ids) + len(first)} tokens, fewer than the {n_tokens} asked for; "
+            f"{name} has only {len(ids) + have} tokens, fewer than the {need + have} asked for; "
             "ask for fewer tokens or pass a longer text"
         )
-    return torch.tensor(first + list(ids[:need]), dtype=torch.long)
+    return list(ids[:need])
+
+
+def token_windows(
+    text: Text | str,
+    tokenizer: Any,
+    n_tokens: int,
+    n_windows: int = 1,
+    prepend: str | int | FirstToken | None = None,
+) -> torch.Tensor:
+    """``n_windows`` sequences of exactly ``n_tokens`` ids (LongTensor (n_windows, n_tokens)):
+    each the run's first token(s) (:func:`first_token`; they count toward ``n_tokens``) followed
+    by the next consecutive stretch of ``text``. Every window is a sequence the model reads on
+    its own, so every window starts the way the model's tokenizer starts a sequence."""
+    body = text.text if isinstance(text, Text) else text
+    name = text.name if isinstance(text, Text) else "text"
+    if n_tokens < 2:
+        raise SinklabError(f"n_tokens must be at least 2, got {n_tokens}")
+    first = prepend if isinstance(prepend, FirstToken) else first_token(tokenizer, prepend)
+    k = len(first.added)
+    if n_tokens <= k:
+        raise SinklabError(f"n_tokens {n_tokens} leaves no text after the first token(s)")
+    per = n_tokens - k
+    ids = _text_ids(body, name, tokenizer, per * n_windows, k * n_windows)
+    rows = [list(first.added) + ids[w * per : (w + 1) * per] for w in range(n_windows)]
+    return torch.tensor(rows, dtype=torch.long)
+
+
+def token_stream(
+    text: Text | str,
+    tokenizer: Any,
+    n_tokens: int,
+    prepend: str | int | FirstToken | None = None,
+) -> torch.Tensor:
+    """Exactly ``n_tokens`` token ids (LongTensor (n_tokens,)) from the start of ``text``, after
+    the run's first token(s) (:func:`first_token`: by default the tokenizer's own; they count
+    toward ``n_tokens``)."""
+    return token_windows(text, tokenizer, n_tokens, 1, prepend)[0]
 
 
 def count_tokens(text: Text, tokenizer: Any, chunk_chars: int = 1 << 20) -> int:

@@ -32,7 +32,7 @@ def versions() -> dict[str, str]:
     }
 
 
-META_KEYS = ("model", "text", "params", "versions", "machine", "seconds")
+META_KEYS = ("model", "text", "first_token", "params", "versions", "machine", "seconds")
 
 
 def bare_meta(params: Any) -> dict[str, Any]:
@@ -50,17 +50,21 @@ def attach_meta(
     text: Text | Sequence[Text] | None,
     params: Any,
     seconds: float | None,
+    first_token: dict[str, Any] | None = None,
 ) -> Any:
     """Give ``result`` (an object with a ``meta`` field, or a result's JSON dict) the one
     provenance block, with exactly :data:`META_KEYS` (None where one does not apply, e.g. the
     model of a synthetic fit; a list where a run reads several texts). ``params``: a dataclass
     config or a dict (a config's fields plus the run's own inputs, such as ``tokens``). Every
-    command and the report call this; libraries return bare results. Returns ``result``."""
+    command and the report call this; libraries return bare results. ``first_token``: what the
+    run's sequences start with (:meth:`sinklab.corpus.FirstToken.record`; None for a run that
+    reads no text through a tokenizer). Returns ``result``."""
     if is_dataclass(params):
         params = asdict(params)
     meta = {
         "model": None if model is None else model.to_json(),
         "text": _texts(text),
+        "first_token": first_token,
         "params": None if params is None else dict(params),
         "versions": versions(),
         "machine": {"nproc": os.cpu_count(), "platform": platform.platform()},

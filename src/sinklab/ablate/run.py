@@ -13,7 +13,7 @@ from torch import Tensor
 from sinklab.ablate.core import AblationConfig, AblationResult
 from sinklab.ablate.inputs import experiment_ids
 from sinklab.ablate.registry import check_experiment, get_experiment, run_experiment
-from sinklab.corpus import Text
+from sinklab.corpus import FirstToken, Text
 from sinklab.errors import SinklabError
 from sinklab.progress import Progress
 
@@ -64,9 +64,12 @@ class AblationRun:
         return {**asdict(self.config), "experiment": self.experiment, "tokens": self.tokens,
                 "texts": self.rows}  # fmt: skip
 
-    def ids(self, text_spec: str | None, text: Text, tokenizer: Any) -> Tensor:
-        """The (B, T) token ids the run reads (:func:`sinklab.ablate.inputs.experiment_ids`)."""
-        return experiment_ids(text_spec, text, tokenizer, self.tokens, self.rows)
+    def ids(
+        self, text_spec: str | None, text: Text, tokenizer: Any, first: FirstToken | None = None
+    ) -> Tensor:
+        """The (B, T) token ids the run reads (:func:`sinklab.ablate.inputs.experiment_ids`),
+        each row after ``first`` (by default the tokenizer's own start)."""
+        return experiment_ids(text_spec, text, tokenizer, self.tokens, self.rows, first)
 
     def run(
         self, model: Any, tokenizer: Any, ids: Tensor, progress: Progress | None = None

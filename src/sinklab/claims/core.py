@@ -38,7 +38,7 @@ from sinklab.claims.rules import (
     valid_samples,
 )
 from sinklab.claims.validity import lab_verdict, stated
-from sinklab.corpus import Text, load_text
+from sinklab.corpus import Text, check_token_spec, first_token, load_text, token_windows
 from sinklab.errors import SinklabError
 
 log = logging.getLogger(__name__)
@@ -79,6 +79,7 @@ class ClaimsConfig:
     lab_size: str = "full"  # the sizes of the trained lab runs: "full" or "quick" (LAB_SIZES)
     lab_steps: int | None = None  # override the lab size's steps
     seed: int = 0  # bootstrap and sensitivity probes
+    prepend: str | None = None  # the first token (sinklab.corpus.first_token); None: the model's
 
     def __post_init__(self) -> None:
         if not self.texts or any(not str(t).strip() for t in self.texts):
@@ -108,6 +109,8 @@ class ClaimsConfig:
             raise SinklabError(f"grid {self.grid} exceeds sensitivity_tokens")
         if len(self.cost_lengths) < 2 or min(self.cost_lengths) < 4:
             raise SinklabError("cost_lengths needs >= 2 lengths, each >= 4 (e.g. 16,32,64)")
+        if self.prepend is not None:
+            check_token_spec(self.prepend)
         if self.lab is not None and not Path(self.lab).is_dir():
             raise SinklabError(f"--lab {self.lab!r} is not a folder; pass a folder of train runs")
         if self.lab_size not in LAB_SIZES:
@@ -259,15 +262,15 @@ class ClaimsResult:
 
 
 def text_samples(tokenizer: Any, config: ClaimsConfig, max_positions: int | None) -> list[Sample]:
-    """``windows`` consecutive windows of ``window_tokens`` of each text: [(name, ids (T,))]."""
-    from sinklab.corpus import token_stream
-
+    """``windows`` consecutive windows of ``window_tokens`` of each text: [(name, ids (T,))],
+    each starting with the run's first token(s) (``config.prepend``, by default the tokenizer's
+    own: :func:`sinklab.corpus.first_token`)."""
     n = config.window_tokens if not max_positions else min(config.window_tokens, max_positions)
+    first = first_token(tokenizer, config.prepend)
     samples = []
     for spec in config.texts:
-        text = load_text(spec)
         try:
-            ids = token_stream(text, tokenizer, n * config.windows)
+            rows = token_windows(load_text(spec), tokenizer, n, config.windows, first)
         except SinklabError as err:  # say which options asked for that many tokens
             sizes = {
                 "--tokens": config.probe_tokens,
@@ -282,8 +285,17 @@ def text_samples(tokenizer: Any, config: ClaimsConfig, max_positions: int | None
             ) from None
         for k in range(config.windows):
             name = spec if config.windows == 1 else f"{spec}#{k}"
-            samples.append((name, ids[k * n : (k + 1) * n]))
+            samples.append((name, rows[k]))
     return samples
+
+
+def _first_token_record(
+    tokenizer: Any, config: ClaimsConfig, samples: Sequence[Sample]
+) -> dict[str, Any] | None:
+    """``meta.first_token`` of a run whose samples came through a tokenizer (else None)."""
+    if tokenizer is None or not samples:
+        return None
+    return first_token(tokenizer, config.prepend).record(tokenizer, samples[0][1])
 
 
 def _cap(config: ClaimsConfig, max_positions: int | None) -> ClaimsConfig:
@@ -370,6 +382,7 @@ def run_claims(
         rows.append(ClaimRow(claim, m, interval, v.verdict, v.reason))
     run = {
         "samples": [{"name": n, "tokens": int(ids.numel())} for n, ids in samples],
+        "first_token": _first_token_record(tokenizer, config, samples),
         "seconds_by_group": seconds,
         "threads": torch.get_num_threads(),
     }

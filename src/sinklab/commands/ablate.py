@@ -15,6 +15,7 @@ from sinklab.commands.common import (
     ModelOpt,
     OutDirOpt,
     OutputFormat,
+    PrependOpt,
     SeedOpt,
     TextOpt,
     TrustOpt,
@@ -128,6 +129,7 @@ def ablate(
     trust_remote_code: TrustOpt = False,
     dtype: DtypeOpt = "float32",
     device: DeviceOpt = "cpu",
+    prepend: PrependOpt = None,
 ) -> None:
     """Test a paper's causal claim on a model: numbers in DIR/ablate.json, a figure beside it
     (the experiments and their rules: docs/experiments.md).
@@ -138,7 +140,7 @@ def ablate(
     """
     from sinklab.ablate import AblationConfig, check_experiment
     from sinklab.ablate.run import AblationRun
-    from sinklab.corpus import load_text
+    from sinklab.corpus import first_token, load_text
     from sinklab.meta import attach_meta
     from sinklab.models.arch import model_shape
     from sinklab.outputs import check_out, write_results
@@ -168,13 +170,15 @@ def ablate(
     loaded = load(model, dtype, device, trust_remote_code)
     config.check_model(*model_shape(loaded.model))  # layer / head ranges, before any work
     check_positions(loaded.info, tokens, "--tokens")
-    ids = run.ids(text, txt, loaded.tokenizer)  # (B, T)
+    first = first_token(loaded.tokenizer, prepend)
+    ids = run.ids(text, txt, loaded.tokenizer, first)  # (B, T)
     # run
     start = time.perf_counter()
     with progress(fmt is OutputFormat.text) as bars:
         result = run.run(loaded.model, loaded.tokenizer, ids, bars.callback(experiment))
     seconds = time.perf_counter() - start
-    data = attach_meta(result, loaded.info, txt, result.params(), seconds).to_json()
+    record = first.record(loaded.tokenizer, ids)
+    data = attach_meta(result, loaded.info, txt, result.params(), seconds, record).to_json()
 
     # write: the figure, its numbers as {experiment}.json beside it
     def figure(folder: Path) -> list[Path]:

@@ -7,7 +7,16 @@ from typing import Annotated, Any
 
 import typer
 
-from sinklab.commands.common import DeviceOpt, DtypeOpt, ModelOpt, SeedOpt, TrustOpt, load, stderr
+from sinklab.commands.common import (
+    DeviceOpt,
+    DtypeOpt,
+    ModelOpt,
+    PrependOpt,
+    SeedOpt,
+    TrustOpt,
+    load,
+    stderr,
+)
 from sinklab.commands.stream import NSinkOpt, WindowOpt
 from sinklab.errors import SinklabError
 
@@ -95,6 +104,7 @@ def chat(
     api_key: Annotated[
         str | None, typer.Option("--api-key", help="The key the --server asks for.")
     ] = None,
+    prepend: PrependOpt = None,
 ) -> None:
     """Chat with the model (its chat template) in flat memory: the cache never holds more than
     n_sink + window positions however long the conversation, each turn's text is fitted into it
@@ -106,7 +116,9 @@ def chat(
     """
     from sinklab.stream.chat import ChatConfig, ChatSession
 
-    config = ChatConfig(n_sink, window, max_new_tokens, temperature, seed, system)  # checks first
+    config = ChatConfig(  # checks first
+        n_sink, window, max_new_tokens, temperature, seed, system, prepend=prepend
+    )
     interactive = _stdin().isatty()  # no stdin at all: one line before the model loads
     if server is not None:
         from sinklab.serve.client import RemoteChat

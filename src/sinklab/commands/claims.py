@@ -14,6 +14,7 @@ from sinklab.commands.common import (
     FormatOpt,
     ModelOpt,
     OutputFormat,
+    PrependOpt,
     SeedOpt,
     TrustOpt,
     emit_json,
@@ -89,6 +90,7 @@ def claims(
     trust_remote_code: TrustOpt = False,
     dtype: DtypeOpt = "float32",
     device: DeviceOpt = "cpu",
+    prepend: PrependOpt = None,
 ) -> None:
     """Test every claim of docs/claims.md by its one rule: effect, 95 % interval, verdict.
 
@@ -122,6 +124,7 @@ def claims(
         lab_size=lab_size,
         lab_steps=lab_steps,
         seed=seed,
+        prepend=prepend,
     )
     several = model_names(model)
     if several is not None and not config.needs_model:
@@ -154,6 +157,7 @@ def claims(
         texts_read or None,
         config,
         time.perf_counter() - start,
+        result.run.get("first_token"),
     )
     data = result.to_json()
     if out is not None:

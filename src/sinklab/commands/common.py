@@ -64,8 +64,8 @@ ModelOpt = Annotated[
     typer.Option(
         "--model",
         "-m",
-        help="Model: 'smollm2-135m' (embedded default), a local folder, or a Hugging Face id "
-        "already in the local cache.",
+        help="Model: 'smollm2-135m' (embedded default), another zoo name once installed "
+        "('sinklab models'), a local folder, or a Hugging Face id already in the local cache.",
         show_default="smollm2-135m",
         callback=_spec("--model", "the embedded smollm2-135m"),
     ),
@@ -109,6 +109,35 @@ DeviceOpt = Annotated[
         help="cpu, cuda, or auto (accelerate's device_map: GPUs, then CPU, then disk).",
     ),
 ]
+
+
+def check_prepend(value: str | None) -> str | None:
+    """A ``--prepend`` value, checked before any model loads (escapes, emptiness); the token
+    itself is resolved against the tokenizer by :func:`sinklab.corpus.first_token`."""
+    from sinklab.corpus import DEFAULT_PREPEND, check_token_spec
+
+    if value is None or value == DEFAULT_PREPEND:
+        return None
+    if not value:
+        raise SinklabError(
+            "--prepend is empty; pass 'default', 'none', 'bos', 'eos', an id or one token"
+        )
+    check_token_spec(value)
+    return value
+
+
+PrependOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--prepend",
+        help="The first token of every sequence: 'default' (the model's tokenizer's own: <bos> "
+        "for Gemma, nothing for Qwen2.5 or SmolLM2), 'none', 'bos', 'eos', an id or one token.",
+        show_default="default",
+        callback=check_prepend,
+    ),
+]
+
+
 # the sink cache (stream, generate)
 NSinkOpt = Annotated[int, typer.Option("--n-sink", help="Sink positions kept (StreamingLLM: 4).")]
 WindowOpt = Annotated[int, typer.Option("--window", help="Most recent positions kept.")]

@@ -13,6 +13,7 @@ from sinklab.commands.common import (
     DtypeOpt,
     ModelOpt,
     NSinkOpt,
+    PrependOpt,
     SeedOpt,
     TrustOpt,
     WindowOpt,
@@ -47,6 +48,7 @@ def generate(
     trust_remote_code: TrustOpt = False,
     dtype: DtypeOpt = "float32",
     device: DeviceOpt = "cpu",
+    prepend: PrependOpt = None,
 ) -> None:
     """Generate with a StreamingLLM sink cache: the cache never holds more than n_sink + window
     positions, so --max-new-tokens 20000 runs in flat memory. Text goes to stdout, progress and
@@ -54,7 +56,7 @@ def generate(
 
     Example: sinklab generate --prompt "ROMEO:" --max-new-tokens 20000 --ignore-eos
     """
-    from sinklab.corpus import read_text_file
+    from sinklab.corpus import encode, first_token, read_text_file
     from sinklab.meta import attach_meta
     from sinklab.outputs import check_out, write_results
     from sinklab.stream.generation import GenerateConfig
@@ -74,7 +76,8 @@ def generate(
     loaded = load(model, dtype, device, trust_remote_code)
     import torch
 
-    ids = torch.tensor(loaded.tokenizer(text, add_special_tokens=False).input_ids)
+    first = first_token(loaded.tokenizer, prepend)
+    ids = torch.tensor(encode(text, loaded.tokenizer, first))
 
     def on_text(piece: str) -> None:
         sys.stdout.write(piece)
@@ -86,7 +89,8 @@ def generate(
         result = run(loaded.model, loaded.tokenizer, ids, config, on_text, tick)
     sys.stdout.write("\n")
     if out is not None:
-        attach_meta(result, loaded.info, None, config, result.seconds)
+        record = first.record(loaded.tokenizer, ids)
+        attach_meta(result, loaded.info, None, config, result.seconds, record)
         write_results(out, "generate", {"generate.json": result.to_json()})
     stderr.print(
         f"{len(result.new_tokens)} tokens, {result.tokens_per_s:.1f} tok/s, cache at most "

@@ -15,6 +15,7 @@ from sinklab.commands.common import (
     ModelOpt,
     OutDirOpt,
     OutputFormat,
+    PrependOpt,
     TextOpt,
     TrustOpt,
     check_positions,
@@ -70,10 +71,7 @@ def probe(
             "entropy, received attention or sink positions), about the cost of a forward.",
         ),
     ] = "all",
-    prepend: Annotated[
-        str | None,
-        typer.Option("--prepend", help="Put this token first: 'bos', 'eos', an id or one token."),
-    ] = None,
+    prepend: PrependOpt = None,
     out: OutDirOpt = Path("sinklab-probe"),
     fmt: FormatOpt = OutputFormat.text,
     no_figures: Annotated[bool, typer.Option("--no-figures", help="Write JSON only.")] = False,
@@ -87,7 +85,7 @@ def probe(
 
     Example: sinklab probe --tokens 1024 --q0 16 --lengths 128,512,2048 --out runs/probe
     """
-    from sinklab.corpus import load_text, token_stream
+    from sinklab.corpus import first_token, load_text, token_stream
     from sinklab.meta import attach_meta
     from sinklab.outputs import check_out, write_results
     from sinklab.probe import ProbeConfig
@@ -112,12 +110,14 @@ def probe(
     txt = load_text(text)
     loaded = load(model, dtype, device, trust_remote_code)
     check_positions(loaded.info, run.need, run.need_option)
-    ids = token_stream(txt, loaded.tokenizer, run.need, prepend=prepend)
+    first = first_token(loaded.tokenizer, prepend)
+    ids = token_stream(txt, loaded.tokenizer, run.need, first)
     check_supported(loaded.model)  # before the progress bar: a clean one-line error
     start = time.perf_counter()
     with progress(enabled=fmt is OutputFormat.text) as bars:
         _, data = run.run(loaded.model, ids, bars.callback("probe"))
-    attach_meta(data, loaded.info, txt, run.params(), time.perf_counter() - start)
+    seconds = time.perf_counter() - start
+    attach_meta(data, loaded.info, txt, run.params(), seconds, first.record(loaded.tokenizer, ids))
     written = write_results(
         out,
         "probe",

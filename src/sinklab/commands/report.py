@@ -11,6 +11,7 @@ from sinklab.commands.common import (
     DeviceOpt,
     DtypeOpt,
     ModelOpt,
+    PrependOpt,
     TextOpt,
     TrustOpt,
     load,
@@ -53,6 +54,7 @@ def report(
     trust_remote_code: TrustOpt = False,
     dtype: DtypeOpt = "float32",
     device: DeviceOpt = "cpu",
+    prepend: PrependOpt = None,
 ) -> None:
     """Run the probe, streaming perplexity and ablations, and write one self-contained page.
 
@@ -86,6 +88,7 @@ def report(
         *(("--dtype", dtype) if dtype != "float32" else ()),
         *(("--device", device) if device != "cpu" else ()),
         *(("--trust-remote-code",) if trust_remote_code else ()),
+        *(("--prepend", prepend) if prepend is not None else ()),
     )
     with progress() as bars:
         tick = bars.callback("report", 1.0)  # a fraction: build_report counts estimated seconds
@@ -104,6 +107,7 @@ def report(
             text_spec=text or DEFAULT_TEXT,
             callback=lambda done, total, label: tick(done / total if total else 0.0, 1.0, label),
             model_options=model_options,
+            prepend=prepend,
             on_stage=stage_done,
             notes=notes,
         )

@@ -13,6 +13,7 @@ from sinklab.commands.common import (
     DtypeOpt,
     ModelOpt,
     NSinkOpt,
+    PrependOpt,
     TextOpt,
     TrustOpt,
     WindowOpt,
@@ -87,6 +88,7 @@ def stream(
             "(default: about 40 blocks, at least 50 tokens).",
         ),
     ] = None,
+    prepend: PrependOpt = None,
 ) -> None:
     """Streaming perplexity, StreamingLLM's protocol: read one token, score the next, evict.
 
@@ -100,7 +102,7 @@ def stream(
     Example: sinklab stream --policy window,sink --tokens 4000 --n-sink 4 --window 508
     """
 
-    from sinklab.corpus import load_text, token_stream
+    from sinklab.corpus import first_token, load_text, token_stream
     from sinklab.meta import attach_meta
     from sinklab.outputs import check_out, write_results
     from sinklab.stream.evaluate import StreamConfig
@@ -126,7 +128,8 @@ def stream(
     if "dense" in config.policies:
         check_positions(loaded.info, tokens, "--tokens", " (the dense policy keeps them all)")
     chosen, _ = config.check_model(loaded.model)  # refusals here, before any work
-    ids = token_stream(txt, loaded.tokenizer, tokens)
+    first = first_token(loaded.tokenizer, prepend)
+    ids = token_stream(txt, loaded.tokenizer, tokens, first)
     # run: one bar per policy, its rate in scored targets a second (the oracle: every K-th)
     start = time.perf_counter()
     with progress() as bars:
@@ -137,7 +140,8 @@ def stream(
             for p in config.policies
         }
         result = run.run(loaded.model, ids, each=each)
-    data = attach_meta(result, loaded.info, txt, run.params(), time.perf_counter() - start)
+    seconds, record = time.perf_counter() - start, first.record(loaded.tokenizer, ids)
+    data = attach_meta(result, loaded.info, txt, run.params(), seconds, record)
     data = data.to_json()
     # write, then print
     written = write_results(

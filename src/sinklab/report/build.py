@@ -18,7 +18,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from sinklab.corpus import Text
+from sinklab.corpus import Text, first_token, token_stream
 from sinklab.errors import SinklabError
 from sinklab.meta import attach_meta, versions, write_json_atomic
 from sinklab.models.loading import LoadedModel
@@ -79,13 +79,15 @@ def build_report(
     on_stage: Callable[[StageResult], None] | None = None,
     notes: Sequence[str] = (),
     model_options: Sequence[str] = (),
+    prepend: str | None = None,
 ) -> Report:
     """Run ``stages`` in order on ``loaded`` and write the report to ``out`` (atomically).
 
     ``callback(done, total, label)`` reports progress in estimated seconds; ``on_stage(result)``
     is called as each stage finishes; ``notes`` (e.g. sizes clamped to the model) lead the
-    summary; ``model_options`` (``--dtype``, ``--device``, ... as given) go on every section's
-    reproduce command.
+    summary; ``model_options`` (``--dtype``, ``--device``, ``--prepend``, ... as given) go on
+    every section's reproduce command; ``prepend``: the first token of every sequence
+    (:func:`sinklab.corpus.first_token`; None: the tokenizer's own).
     """
     out = check_out(out, COMMAND)
     config.check_stream([s.name for s in stages], loaded.info.max_positions)  # before any work
@@ -103,6 +105,7 @@ def build_report(
             out,
             notes,
             tuple(model_options),
+            prepend,
         )
     report.out = out
     return report
@@ -121,6 +124,7 @@ def _build_in(
     final_out: Path,
     notes: Sequence[str] = (),
     model_options: tuple[str, ...] = (),
+    prepend: str | None = None,
 ) -> Report:
     start = time.perf_counter()
     costs = [max(0.1, float(s.cost(config))) for s in stages]
@@ -149,6 +153,7 @@ def _build_in(
             progress=progress,
             shared=shared,
             model_options=model_options,
+            prepend=prepend,
         )
         ctx.shared["out"] = final_out
         results.append(run_stage(stage, ctx))
@@ -170,7 +175,9 @@ def _build_in(
         "stages": {r.name: r.to_json(tmp) for r in results},
     }
     params = {**asdict(config), "stages": [s.name for s in stages]}
-    attach_meta(data, loaded.info, text, params, seconds)
+    first = shared.get("first") or first_token(loaded.tokenizer, prepend)
+    record = first.record(loaded.tokenizer, token_stream(text, loaded.tokenizer, 2, first))
+    attach_meta(data, loaded.info, text, params, seconds, record)
     write_json_atomic(tmp / "results.json", data)
     n_ok = sum(r.status == "ok" for r in results)
     title = f"sinklab report: {loaded.info.name}"

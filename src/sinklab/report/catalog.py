@@ -64,8 +64,10 @@ def _run_probe(ctx: StageContext) -> StageOutput:
 
     run = ProbeRun(_probe_config(ctx), _probe_params(ctx)["tokens"])  # as `sinklab probe` runs
     start = time.perf_counter()
-    result, data = run.run(ctx.loaded.model, ctx.ids(run.tokens), _layer_progress(ctx))
-    attach_meta(data, ctx.loaded.info, ctx.text, run.params(), time.perf_counter() - start)
+    ids = ctx.ids(run.tokens)
+    result, data = run.run(ctx.loaded.model, ids, _layer_progress(ctx))
+    seconds = time.perf_counter() - start
+    attach_meta(data, ctx.loaded.info, ctx.text, run.params(), seconds, ctx.first_record(ids))
     ctx.shared["probe"] = result
     return StageOutput(data, _probe_figures(ctx, data), _probe_tables(data))
 
@@ -174,7 +176,8 @@ def _run_probe_lengths(ctx: StageContext) -> StageOutput:
     )
     data = {"meta": None, "by_length": trend.to_json()}
     run = ProbeRun(config, max(p["lengths"]), tuple(p["lengths"]))  # what its command runs
-    attach_meta(data, ctx.loaded.info, ctx.text, run.params(), time.perf_counter() - start)
+    seconds, record = time.perf_counter() - start, ctx.first_record(ctx.ids(max(p["lengths"])))
+    attach_meta(data, ctx.loaded.info, ctx.text, run.params(), seconds, record)
     rows = data["by_length"]
     keys = sorted(rows[0]["sink_rate"])
     table = TableSpec(

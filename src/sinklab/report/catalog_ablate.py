@@ -65,7 +65,7 @@ def _command(name: str):
 def _run(name: str):
     def run(ctx: StageContext) -> StageOutput:
         ablation = _ablation_run(ctx, name)
-        ids = ablation.ids(ctx.text_spec, ctx.text, ctx.loaded.tokenizer)
+        ids = ablation.ids(ctx.text_spec, ctx.text, ctx.loaded.tokenizer, ctx.first)
         start = time.perf_counter()
         result = ablation.run(
             ctx.loaded.model,
@@ -74,7 +74,8 @@ def _run(name: str):
             lambda done, total, note: ctx.progress(done / max(1, total), note),
         )
         seconds = time.perf_counter() - start
-        attach_meta(result, ctx.loaded.info, ctx.text, result.params(), seconds)
+        record = ctx.first_record(ids)
+        attach_meta(result, ctx.loaded.info, ctx.text, result.params(), seconds, record)
         data = result.to_json()
         png = ctx.figures_dir / f"{name}.png"
         result.figure(png)

@@ -93,6 +93,7 @@ def _run(ctx: StageContext) -> StageOutput:
         lab_size=p["lab_size"],
         lab_steps=p["lab_steps"],
         seed=p["seed"],
+        prepend=ctx.prepend,
     )
     loaded, start = ctx.loaded, time.perf_counter()
     texts = config.read_texts()
@@ -107,7 +108,8 @@ def _run(ctx: StageContext) -> StageOutput:
         max_positions=loaded.info.max_positions,
         callback=callback,
     )
-    attach_meta(result, loaded.info, texts, config, time.perf_counter() - start)
+    seconds, record = time.perf_counter() - start, result.run.get("first_token")
+    attach_meta(result, loaded.info, texts, config, seconds, record)
     data = result.to_json()
     png = ctx.figures_dir / "claims_effects.png"
     plot_claims(data["claims"], png, title=f"Claims: {loaded.info.name}")

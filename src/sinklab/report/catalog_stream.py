@@ -65,12 +65,14 @@ def _run(ctx: StageContext) -> StageOutput:
 
     run = _stream_run(ctx)
     start = time.perf_counter()
+    ids = ctx.ids(run.tokens)
     result = run.run(
         ctx.loaded.model,
-        ctx.ids(run.tokens),
+        ids,
         lambda done, total, note: ctx.progress(done / max(total, 1e-9), note),
     )
-    attach_meta(result, ctx.loaded.info, ctx.text, run.params(), time.perf_counter() - start)
+    seconds = time.perf_counter() - start
+    attach_meta(result, ctx.loaded.info, ctx.text, run.params(), seconds, ctx.first_record(ids))
     data = result.to_json()
     figs = [_figure(ctx, data), _block_figure(ctx, data)]
     return StageOutput(data, figs, [_table(data)], _notes(data))

@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 
-from sinklab.corpus import Text, token_stream
+from sinklab.corpus import FirstToken, Text, first_token, token_stream
 from sinklab.errors import SinklabError
 from sinklab.models.loading import LoadedModel
 from sinklab.outputs import place_error
@@ -237,17 +237,30 @@ class StageContext:
     progress: Progress = lambda fraction, note="": None
     shared: dict[str, Any] = field(default_factory=dict)  # results earlier stages leave for later
     model_options: tuple[str, ...] = ()  # how the model was loaded: --dtype, --device, ...
+    prepend: str | None = None  # --prepend as given (None: the tokenizer's own first token)
 
     @property
     def model_args(self) -> list[str]:
         """``--model`` and the loading options, as a reproduce command passes them."""
         return ["--model", self.model_spec, *self.model_options]
 
+    @property
+    def first(self) -> FirstToken:
+        """What every sequence of the report starts with (:func:`sinklab.corpus.first_token`)."""
+        if "first" not in self.shared:
+            self.shared["first"] = first_token(self.loaded.tokenizer, self.prepend)
+        return self.shared["first"]
+
+    def first_record(self, ids: torch.Tensor) -> dict[str, Any]:
+        """``meta.first_token`` of a stage that read ``ids``."""
+        return self.first.record(self.loaded.tokenizer, ids)
+
     def ids(self, n_tokens: int) -> torch.Tensor:
-        """The first ``n_tokens`` token ids of the text (cached; one tokenization per length)."""
+        """The first ``n_tokens`` token ids of the text, after the run's first token(s)
+        (cached; one tokenization per length)."""
         key = f"ids:{n_tokens}"
         if key not in self.shared:
-            self.shared[key] = token_stream(self.text, self.loaded.tokenizer, n_tokens)
+            self.shared[key] = token_stream(self.text, self.loaded.tokenizer, n_tokens, self.first)
         return self.shared[key]
 
     def cap_tokens(self, n_tokens: int) -> int:

@@ -5,7 +5,9 @@ each turn's new text (the template's rendering of the conversation, less what wa
 is fitted into the cache before it is read (:meth:`SinkCache.evict_for_space`, StreamingLLM's),
 then the reply is decoded one token at a time. Positions stay below the model's
 ``max_position_embeddings`` (:meth:`SinkCache.prepare`). The sinks (the conversation's first
-tokens) are never evicted.
+tokens) are never evicted. The conversation starts the way the chat template starts it (the
+template writes the model's own first token, e.g. Gemma's ``<bos>``); ``prepend`` puts a chosen
+token before it, through :func:`sinklab.corpus.encode` as every other path that builds ids.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from typing import Any
 
 import torch
 
+from sinklab.corpus import FirstToken, encode, first_token
 from sinklab.errors import SinklabError
 from sinklab.models.arch import input_device
 from sinklab.stream.cache import CacheConfig, SinkCache
@@ -51,9 +54,15 @@ class ChatConfig:
     seed: int = 0
     system: str | None = None  # a system message (None: the template's default)
     prompt_chunk: int = 128  # a turn's text is read in chunks of at most this many tokens
+    prepend: str | None = None  # a token before the template's start (None: the template's own)
 
     def __post_init__(self) -> None:
         check_decoding(self, ("n_sink", "window", "max_new_tokens", "prompt_chunk"))
+        if self.prepend is not None and self.prepend.lower() == "none":
+            raise SinklabError(
+                "chat starts where its chat template starts (the model's own first token); "
+                "--prepend none cannot remove it: pass a token to put before it, or omit --prepend"
+            )
 
 
 @dataclass
@@ -89,6 +98,11 @@ class ChatSession:
                 "model (the embedded SmolLM2-135M-Instruct has one)"
             )
         self.cache = SinkCache(model, CacheConfig("sink", self.config.n_sink, self.config.window))
+        self.first = (  # what goes before the template's text (the template writes the start)
+            first_token(tokenizer, self.config.prepend)
+            if self.config.prepend is not None
+            else FirstToken("default", (), tokenizer_default=True)
+        )
         self.stops = eos_ids(model, tokenizer)
         self.gen = torch.Generator()
         self.reset()
@@ -155,7 +169,8 @@ class ChatSession:
         messages = [*self.messages, *new]
         full = self._render(messages, prompt=True)
         new_text = full[_common(self.read_text, full) :]  # what the cache has not read yet
-        ids = self.pending + self.tok(new_text, add_special_tokens=False).input_ids
+        start = self.first if not self.read_text else FirstToken("none", (), False)
+        ids = self.pending + encode(new_text, self.tok, start)
         logits = self._read(ids, self.config.prompt_chunk)
         return Opened(messages, full, len(ids), logits)
 
