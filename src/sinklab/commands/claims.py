@@ -209,7 +209,8 @@ def _claims_across(
                 max_positions=loaded.info.max_positions,
                 callback=bars.callback(f"claims {name}"),
             )
-            attach_meta(result, loaded.info, texts_read, config, time.perf_counter() - t0)
+            seconds, record = time.perf_counter() - t0, result.run.get("first_token")
+            attach_meta(result, loaded.info, texts_read, config, seconds, record)
             runs.append((name, result.to_json()))
             del loaded, result
             gc.collect()  # the next model loads into the memory this one held
@@ -222,6 +223,7 @@ def _claims_across(
         time.perf_counter() - start,
     )
     data["meta"]["model"] = [d["meta"]["model"] for _, d in runs]
+    data["meta"]["first_token"] = [d["meta"]["first_token"] for _, d in runs]  # each its own
     if out is not None:
         from sinklab.outputs import write_results
 

@@ -77,7 +77,8 @@ def report(
     txt = load_text(text)
     several = model_names(model)
     if several is not None:
-        _report_across(several, txt, text, out, chosen, config, (dtype, device, trust_remote_code))
+        loading = (dtype, device, trust_remote_code)
+        _report_across(several, txt, text, out, chosen, config, loading, prepend)
         return
     loaded = load(model, dtype, device, trust_remote_code)
     config, notes = config.fit(loaded.info.max_positions, loaded.info.name)  # clamp, and say so
@@ -129,9 +130,11 @@ def _report_across(
     chosen: Any,
     config: Any,
     loading: tuple[str, str, bool],
+    prepend: str | None = None,
 ) -> None:
     """``--model a,b,c``: one full report per model in ``out/<model>/``, one model in memory at
-    a time, and an index page with the claims across models (:mod:`sinklab.report.across`)."""
+    a time, and an index page with the claims across models (:mod:`sinklab.report.across`).
+    ``prepend``: as in one model's report, each model's tokenizer deciding its own default."""
     from sinklab.report.across import build_across
     from sinklab.report.build import _build_in
 
@@ -140,6 +143,7 @@ def _report_across(
         *(("--dtype", dtype) if dtype != "float32" else ()),
         *(("--device", device) if device != "cpu" else ()),
         *(("--trust-remote-code",) if trust else ()),
+        *(("--prepend", prepend) if prepend is not None else ()),
     )
 
     def load_one(name: str) -> tuple[Any, list[str], Any]:
@@ -166,6 +170,7 @@ def _report_across(
                 out / folder.name,
                 notes,
                 model_options,
+                prepend,
             )
 
         index, reports = build_across(names, load_one, out=out, build=build)
