@@ -84,7 +84,10 @@ def install(
 
         with progress() as bars:
             done = run_install(model, say, bars.callback(model.name, 1.0))
-        state = "installed" if done.fetched else "already installed"
+        state = "already installed" if not (done.fetched or done.converted) else "installed"
+        state += (
+            " (converted from the GGUF already here)" if done.converted and not done.fetched else ""
+        )
         print(f"{model.name}: {state} (float32 copy: {done.folder})")
         if not model.open_license:
             text = done.license_file if done.license_file and done.license_file.is_file() else None

@@ -48,7 +48,8 @@ class Installed:
     gguf: Path | None  # None: the GGUF was removed after its float32 copy was made
     folder: Path  # the float32 safetensors copy
     license_file: Path | None
-    fetched: bool  # False: everything was already there
+    fetched: bool  # the GGUF was downloaded and assembled by this install
+    converted: bool  # its float32 copy was made by this install (False: it was there already)
 
 
 def _quiet(*_: object) -> None:
@@ -194,7 +195,7 @@ def install(model: ZooModel, say: Report = _quiet, advance: Advance | None = Non
     license_file = zoo_dir(model) / Path(model.license_file).name if model.license_file else None
     folder, gguf = dequantized_dir(model), find_gguf(model)
     if is_ready(folder) and (gguf is not None or not model.embedded):
-        return Installed(gguf, folder, license_file, fetched=False)
+        return Installed(gguf, folder, license_file, fetched=False, converted=False)
     fetched = gguf is None or gguf.stat().st_size != model.size_bytes
     if not fetched and file_sha256(gguf) != model.sha256:
         fetched = True  # a file that is no longer the pinned one: fetch it again
@@ -205,4 +206,5 @@ def install(model: ZooModel, say: Report = _quiet, advance: Advance | None = Non
     say(f"converting {gguf.name} to float32 safetensors once (about a minute or two)")
     if advance is not None:
         advance(0, None, "converting to float32")
-    return Installed(gguf, dequantize(model, gguf, model.sha256), license_file, fetched)
+    folder = dequantize(model, gguf, model.sha256)
+    return Installed(gguf, folder, license_file, fetched, converted=True)
