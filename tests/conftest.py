@@ -154,3 +154,22 @@ def smollm2():
     from sinklab.models.loading import load_model
 
     return load_model()
+
+
+@pytest.fixture(scope="session")
+def bos_tokenizer(tiny_tokenizer):
+    """The tiny tokenizer with a post-processor that puts <s> before every sequence."""
+    from tokenizers import Tokenizer, processors
+    from transformers import PreTrainedTokenizerFast
+
+    inner = Tokenizer.from_str(tiny_tokenizer.backend_tokenizer.to_str())
+    bos = tiny_tokenizer.bos_token_id
+    inner.post_processor = processors.TemplateProcessing(
+        single="<s> $A", pair="<s> $A $B", special_tokens=[("<s>", bos)]
+    )
+    tok = PreTrainedTokenizerFast(
+        tokenizer_object=inner, bos_token="<s>", eos_token="</s>", unk_token="<unk>",
+        pad_token="<pad>",
+    )  # fmt: skip
+    assert tok("the king", add_special_tokens=True).input_ids[0] == bos  # the fixture works
+    return tok

@@ -15,25 +15,6 @@ from sinklab.corpus import first_token, load_text, token_stream, token_windows, 
 from sinklab.errors import SinklabError
 
 
-@pytest.fixture(scope="module")
-def bos_tokenizer(tiny_tokenizer):
-    """The tiny tokenizer with a post-processor that puts <s> before every sequence."""
-    from tokenizers import Tokenizer, processors
-    from transformers import PreTrainedTokenizerFast
-
-    inner = Tokenizer.from_str(tiny_tokenizer.backend_tokenizer.to_str())
-    bos = tiny_tokenizer.bos_token_id
-    inner.post_processor = processors.TemplateProcessing(
-        single="<s> $A", pair="<s> $A $B", special_tokens=[("<s>", bos)]
-    )
-    tok = PreTrainedTokenizerFast(
-        tokenizer_object=inner, bos_token="<s>", eos_token="</s>", unk_token="<unk>",
-        pad_token="<pad>",
-    )  # fmt: skip
-    assert tok("the king", add_special_tokens=True).input_ids[0] == bos  # the fixture works
-    return tok
-
-
 def test_the_default_is_what_the_tokenizer_adds(tiny_tokenizer, bos_tokenizer):
     bos, eos = bos_tokenizer.bos_token_id, bos_tokenizer.eos_token_id
     assert tokenizer_prefix(tiny_tokenizer) == () and tokenizer_prefix(bos_tokenizer) == (bos,)

@@ -142,3 +142,17 @@ def test_samples_start_as_the_tokenizer_starts_a_sequence(tiny_tokenizer):
     bos = sample_windows(text, tiny_tokenizer, 8, 3, prepend="bos")
     assert (bos[:, 0] == tiny_tokenizer.bos_token_id).all()
     assert torch.equal(bos[:, 1:], token_stream(text, tiny_tokenizer, 21).view(3, 7))
+
+
+def test_samples_of_a_bos_tokenizer_start_with_one_bos(bos_tokenizer):
+    """A tokenizer that puts <s> first (as Gemma's does): every sample starts with exactly one
+    <s> by default (and with "default"), none with "none", and never with the literal text."""
+    from sinklab.corpus import load_text
+
+    text, bos = load_text(), bos_tokenizer.bos_token_id
+    default = sample_windows(text, bos_tokenizer, 8, 3)
+    assert (default[:, 0] == bos).all() and (default[:, 1] != bos).all()
+    assert torch.equal(sample_windows(text, bos_tokenizer, 8, 3, prepend="default"), default)
+    none = sample_windows(text, bos_tokenizer, 8, 3, prepend="none")
+    assert (none != bos).all()
+    assert torch.equal(none[0, :7], default[0, 1:])  # the same text after the start

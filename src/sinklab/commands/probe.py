@@ -147,7 +147,7 @@ def _probe_protocol(
 ) -> None:
     """``--protocol gu|barbero``: the published sink rate over ``samples`` windows of the text,
     each started the way the model's tokenizer starts a sequence (``--prepend`` overrides it)."""
-    from sinklab.corpus import load_text
+    from sinklab.corpus import first_token, load_text
     from sinklab.errors import SinklabError
     from sinklab.meta import attach_meta
     from sinklab.outputs import check_out, write_results
@@ -174,15 +174,16 @@ def _probe_protocol(
     txt = load_text(text)
     loaded = load(model, *loading)
     check_positions(loaded.info, tokens, "--tokens")
+    first_spec = first_token(loaded.tokenizer, prepend)
     ids = sample_windows(txt, loaded.tokenizer, tokens, samples, prepend)
     start = time.perf_counter()
     with progress(enabled=fmt is OutputFormat.text) as bars:
         result = run_protocol(loaded.model, ids, p, callback=bars.callback(f"protocol {name}"))
     data = result.to_json()
     params = {"protocol": name, "samples": samples, "tokens": tokens, "prepend": prepend}
-    first = int(ids[0, 0])
-    data["first_token"] = {"id": first, "text": loaded.tokenizer.decode([first])}
-    attach_meta(data, loaded.info, txt, params, time.perf_counter() - start)
+    first = first_spec.record(loaded.tokenizer, ids)
+    data["first_token"] = {"id": first["id"], "text": first["text"]}
+    attach_meta(data, loaded.info, txt, params, time.perf_counter() - start, first)
     written = write_results(
         out,
         "probe",

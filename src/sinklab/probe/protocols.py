@@ -258,22 +258,10 @@ def sample_windows(
 ) -> Tensor:
     """``n`` samples (n, n_tokens): consecutive stretches of ``text``, each started as the
     model's tokenizer starts a sequence (``add_special_tokens=True``: Gemma's ``<bos>``, nothing
-    for Qwen2.5 or SmolLM2), as Gu et al.'s script encodes each sample; ``prepend`` ("none",
-    "bos", "eos", an id or one token) overrides that start. The start counts toward n_tokens.
+    for Qwen2.5 or SmolLM2), as Gu et al.'s script encodes each sample; ``prepend`` ("default",
+    "none", "bos", "eos", an id or one token) overrides that start, which counts toward
+    ``n_tokens``. The corpus's own windows (:func:`sinklab.corpus.token_windows`), so the
+    protocols start their samples exactly as every other run does."""
+    from sinklab.corpus import token_windows
 
-    The one place the protocols build their samples; once sinklab.corpus decides every run's
-    first token (docs/models.md), this defers to it."""
-    from sinklab.corpus import resolve_token, token_stream
-
-    if prepend is None:
-        full = list(tokenizer("The").input_ids)
-        plain = list(tokenizer("The", add_special_tokens=False).input_ids)
-        start = full[: len(full) - len(plain)] if full[len(full) - len(plain) :] == plain else []
-    else:
-        start = [] if prepend.lower() == "none" else [resolve_token(tokenizer, prepend)]
-    per = n_tokens - len(start)
-    if per < 1:
-        raise SinklabError(f"--tokens {n_tokens} leaves no text after the first token")
-    ids = token_stream(text, tokenizer, per * n)
-    head = torch.tensor(start, dtype=torch.long)
-    return torch.stack([torch.cat([head, ids[k * per : (k + 1) * per]]) for k in range(n)])
+    return token_windows(text, tokenizer, n_tokens, n, prepend)
