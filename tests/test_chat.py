@@ -192,3 +192,19 @@ def test_smollm2_chat_answers_each_turn_in_a_bounded_cache(smollm2):
     assert "paris" in replies[0].reply.lower(), replies[0].reply
     stats = session.stats()
     assert stats["max_kept"] <= 64 and stats["tokens_seen"] > 64
+
+
+def test_prepend_default_is_the_template_start_not_a_second_bos(chat_model, bos_tokenizer):
+    """--prepend default means what no --prepend means: the chat template writes the start
+    (a BOS tokenizer's <bos> is not added a second time before it)."""
+    tok = copy.deepcopy(bos_tokenizer)
+    tok.chat_template = TEMPLATE
+    plain = ChatSession(chat_model, tok, ChatConfig(n_sink=2, window=10, max_new_tokens=2))
+    default = ChatSession(
+        chat_model, tok, ChatConfig(n_sink=2, window=10, max_new_tokens=2, prepend="default")
+    )
+    assert plain.first.added == default.first.added == ()
+    bos = ChatSession(
+        chat_model, tok, ChatConfig(n_sink=2, window=10, max_new_tokens=2, prepend="bos")
+    )
+    assert bos.first.added == (tok.bos_token_id,)

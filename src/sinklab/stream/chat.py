@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from sinklab.corpus import FirstToken, encode, first_token
+from sinklab.corpus import DEFAULT_PREPEND, FirstToken, encode, first_token
 from sinklab.errors import SinklabError
 from sinklab.models.arch import input_device
 from sinklab.stream.cache import CacheConfig, SinkCache
@@ -100,8 +100,8 @@ class ChatSession:
         self.cache = SinkCache(model, CacheConfig("sink", self.config.n_sink, self.config.window))
         self.first = (  # what goes before the template's text (the template writes the start)
             first_token(tokenizer, self.config.prepend)
-            if self.config.prepend is not None
-            else FirstToken("default", (), tokenizer_default=True)
+            if self.config.prepend not in (None, "", DEFAULT_PREPEND)
+            else FirstToken(DEFAULT_PREPEND, (), tokenizer_default=True)
         )
         self.stops = eos_ids(model, tokenizer)
         self.gen = torch.Generator()
