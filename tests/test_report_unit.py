@@ -181,3 +181,29 @@ def test_remove_stale_builds_only_touches_dead_runs(tmp_path):
         d.mkdir()
     assert remove_stale_builds(out) == [dead]
     assert mine.is_dir() and other.is_dir() and not dead.exists()
+
+
+def test_first_screen_and_model_table_state_a_proxys_verdict_with_its_proxy():
+    """A proxy's verdict is printed as stated ("not supported on backcopy") on the report's
+    first screen and in the claim x model table; the badge keeps the verdict's class."""
+    from sinklab.claims.across import _cell, cell_text
+    from sinklab.report.html import verdict_rows
+
+    row = {
+        "id": "depth",
+        "verdict": "not supported",
+        "verdict_stated": "not supported on backcopy",
+        "effect": -0.1,
+        "interval": [-0.2, 0.0],
+        "n_valid": 3,
+        "n_samples": 3,
+        "reason": "the interval lies below 0. More text.",
+        "direction": ">",
+        "threshold": 0.0,
+    }
+    ((cid, verdict, stated, _, _, reason),) = verdict_rows([row])
+    assert (cid, verdict, stated) == ("depth", "not supported", "not supported on backcopy")
+    assert reason == "the interval lies below 0"
+    assert cell_text(_cell(row)).endswith("not supported on backcopy")
+    plain = {**row, "verdict_stated": None, "verdict": "supported"}
+    assert verdict_rows([plain])[0][2] == "supported"

@@ -39,6 +39,7 @@ def _cell(row: dict[str, Any]) -> dict[str, Any]:
         "effect": row["effect"],
         "interval": row["interval"],
         "verdict": row["verdict"],
+        "verdict_stated": row.get("verdict_stated") or row["verdict"],  # a proxy's names it
         "n_valid": row["n_valid"],
         "n_samples": row["n_samples"],
         "reason": row["reason"],
@@ -83,7 +84,7 @@ def cell_text(cell: dict[str, Any] | None) -> str:
         return "-"
     iv = cell["interval"]
     span = "" if iv is None else f" [{_num(iv[0])}, {_num(iv[1])}]"
-    return f"{_num(cell['effect'])}{span} {cell['verdict']}"
+    return f"{_num(cell['effect'])}{span} {cell.get('verdict_stated') or cell['verdict']}"
 
 
 def text_rows(table: list[dict[str, Any]], models: Sequence[str]) -> list[tuple[str, ...]]:
@@ -97,7 +98,11 @@ def differences(table: list[dict[str, Any]], models: Sequence[str]) -> list[str]
     for r in table:
         if r["agree"]:
             continue
-        parts = [f"{m}: {r['models'][m]['verdict']}" for m in models if r["models"][m]]
+        parts = [
+            f"{m}: {r['models'][m].get('verdict_stated') or r['models'][m]['verdict']}"
+            for m in models
+            if r["models"][m]
+        ]
         out.append(f"{r['id']} differs between models ({'; '.join(parts)})")
     return out
 

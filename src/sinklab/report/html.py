@@ -200,9 +200,10 @@ def _num(x: float | None) -> str:
     return "–" if x is None else f"{x:.3g}"
 
 
-def verdict_rows(claims: list[dict[str, Any]]) -> list[tuple[str, str, str, str, str]]:
-    """The first screen's table, one row per claim: (claim, verdict, effect and 95 % interval,
-    the claimed side of its threshold, the reason's first sentence)."""
+def verdict_rows(claims: list[dict[str, Any]]) -> list[tuple[str, str, str, str, str, str]]:
+    """The first screen's table, one row per claim: (claim, verdict, the verdict as stated (a
+    proxy's names the proxy: "not supported on backcopy"), effect and 95 % interval, the
+    claimed side of its threshold, the reason's first sentence)."""
     from sinklab.claims.table import claimed
 
     rows = []
@@ -210,7 +211,8 @@ def verdict_rows(claims: list[dict[str, Any]]) -> list[tuple[str, str, str, str,
         iv = r["interval"]
         effect = _num(r["effect"]) + ("" if iv is None else f" [{_num(iv[0])}, {_num(iv[1])}]")
         reason = str(r.get("reason") or "").split(". ")[0].rstrip(".")
-        rows.append((r["id"], r["verdict"], effect, claimed(r), reason))
+        stated = r.get("verdict_stated") or r["verdict"]
+        rows.append((r["id"], r["verdict"], stated, effect, claimed(r), reason))
     return rows
 
 
@@ -222,10 +224,10 @@ def _verdicts(results: list[StageResult]) -> str:
         return ""
     body = "".join(
         f'<tr data-claim="{_e(cid)}"><td>{_e(cid)}</td>'
-        f'<td><span class="verdict {_e(verdict.replace(" ", "-"))}">{_e(verdict)}</span></td>'
+        f'<td><span class="verdict {_e(verdict.replace(" ", "-"))}">{_e(stated)}</span></td>'
         f'<td class="num">{_e(effect)}</td><td>{_e(side)}</td>'
         f'<td class="reason" title="{_e(reason)}">{_e(reason)}</td></tr>'
-        for cid, verdict, effect, side, reason in verdict_rows(claims.output.json["claims"])
+        for cid, verdict, stated, effect, side, reason in verdict_rows(claims.output.json["claims"])
     )
     head = "".join(
         f"<th>{c}</th>" for c in ("claim", "verdict", "effect [95 % interval]", "claimed", "why")
