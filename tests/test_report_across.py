@@ -4,6 +4,7 @@ across models, written as one output."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 from helpers import one_line_error, run_main
 from sinklab.outputs import MARKER
@@ -32,6 +33,14 @@ def test_two_models_two_reports_and_an_index(capsys, tmp_path, tiny_model_dir):
         sink_rates.append(sub["stages"]["probe"]["json"]["sink_mass"])
         assert (out / m["folder"] / "index.html").is_file()
     assert sink_rates[0] != sink_rates[1]  # two different models, not one twice
+    # each section's reproduce command writes beside the whole folder (nothing may be written
+    # inside an output), and runs as printed
+    command = json.loads((out / data["models"][0]["folder"] / "results.json").read_text())
+    command = command["stages"]["probe"]["command"]
+    target = Path(command[command.index("--out") + 1])
+    assert out not in target.parents and target.parent.parent.name == "rep-reproduce"
+    code, _, err = run_main(capsys, *command[1:])
+    assert code == 0, err
     assert data["claims_table"] is None  # the claims stage did not run
     page = (out / "index.html").read_text()
     assert f'href="{folder_name(a)}/index.html"' in page

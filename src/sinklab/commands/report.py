@@ -171,6 +171,7 @@ def _report_across(
                 notes,
                 model_options,
                 prepend,
+                out.parent / f"{out.name}-reproduce" / folder.name,  # beside the whole folder
             )
 
         index, reports = build_across(names, load_one, out=out, build=build)

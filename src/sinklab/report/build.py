@@ -125,7 +125,12 @@ def _build_in(
     notes: Sequence[str] = (),
     model_options: tuple[str, ...] = (),
     prepend: str | None = None,
+    reproduce_root: Path | None = None,
 ) -> Report:
+    """The report's stages run in ``tmp``, which becomes ``final_out``. ``reproduce_root``:
+    where the sections' reproduce commands write (default ``OUT-reproduce`` beside ``final_out``;
+    a report inside a several-models report passes one beside the top folder, since nothing may
+    be written inside an output)."""
     start = time.perf_counter()
     costs = [max(0.1, float(s.cost(config))) for s in stages]
     total = sum(costs)
@@ -156,6 +161,7 @@ def _build_in(
             prepend=prepend,
         )
         ctx.shared["out"] = final_out
+        ctx.shared["reproduce_root"] = reproduce_root
         results.append(run_stage(stage, ctx))
         if on_stage is not None:
             on_stage(results[-1])

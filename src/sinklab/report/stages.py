@@ -365,9 +365,12 @@ def run_stage(stage: Stage, ctx: StageContext) -> StageResult:
 
 def reproduce_dir(ctx: StageContext, name: str) -> str:
     """Where a reproduce command writes: ``DIR-reproduce/NAME``, beside the report (never inside
-    it, since the next report replaces ``DIR`` whole)."""
-    out = ctx.shared.get("out")
-    return str(out.parent / f"{out.name}-reproduce" / name) if out is not None else name
+    it, since the next report replaces ``DIR`` whole; in a several-models report beside the
+    top folder: ``DIR-reproduce/MODEL/NAME``)."""
+    root, out = ctx.shared.get("reproduce_root"), ctx.shared.get("out")
+    if root is None and out is not None:
+        root = out.parent / f"{out.name}-reproduce"
+    return str(root / name) if root is not None else name
 
 
 def lookup(data: Any, path: JsonPath) -> Any:
