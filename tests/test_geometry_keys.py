@@ -153,8 +153,10 @@ def gemma3():
 
     try:
         return load_model("gemma3-270m")
-    except SinklabError as exc:  # a zoo model is installed by the user, not by the suite
-        pytest.skip(f"gemma3-270m not installed ({exc})")
+    except SinklabError as exc:  # make test installs the zoo: a missing model is a failure
+        pytest.fail(
+            f"gemma3-270m is not installed ({exc}); run `sinklab models install gemma3-270m`"
+        )
 
 
 @pytest.mark.integration
