@@ -477,3 +477,18 @@ def test_interrupt_during_start_up_is_one_line(tmp_path, sig):
     _, err = proc.communicate(timeout=120)
     one_line_error(proc.returncode, err, "interrupted", 130)
     assert digest(out) == before and _siblings(out) == ["P"]
+
+
+def test_a_new_cache_format_removes_its_older_copies(tmp_path):
+    """After a format bump the older copies (with sinklab's marker) go; a folder of the same
+    name without the marker is not sinklab's and stays."""
+    from sinklab.models.loading import remove_older_formats
+    from sinklab.models.zoo import READY
+
+    for v in (1, 2, 3):
+        (tmp_path / f"m-abc-v{v}").mkdir()
+        (tmp_path / f"m-abc-v{v}" / READY).write_text("{}")
+    (tmp_path / "m-abc-v0").mkdir()  # not sinklab's: no marker
+    removed = remove_older_formats(tmp_path / "m-abc-v3")
+    assert sorted(p.name for p in removed) == ["m-abc-v1", "m-abc-v2"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m-abc-v0", "m-abc-v3"]

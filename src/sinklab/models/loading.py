@@ -435,6 +435,7 @@ def cached_build(
     """
     problem = cache_problem(target, facts) if target.exists() else None
     if target.exists() and problem is None:
+        remove_older_formats(target)  # a copy made before a format bump: gigabytes otherwise
         return target
     if problem is not None:
         log.warning(
@@ -462,7 +463,24 @@ def cached_build(
             "rebuilding it did not help; it is safe to delete: remove that folder (or point "
             "SINKLAB_CACHE elsewhere) and run again"
         )
+    remove_older_formats(target)
     return target
+
+
+def remove_older_formats(target: Path) -> list[Path]:
+    """Delete the copies of ``target`` in older cache formats (``NAME-SHA-vK``, K below this
+    version's, each with sinklab's marker): a format bump would otherwise leave gigabytes
+    behind. A folder without the marker is not sinklab's and stays. Returns what was removed."""
+    stem, sep, version = target.name.rpartition("-v")
+    if not sep or not version.isdigit():
+        return []
+    removed = []
+    for old in target.parent.glob(f"{stem}-v*"):
+        v = old.name.rpartition("-v")[2]
+        if v.isdigit() and int(v) < int(version) and (old / READY).is_file():
+            shutil.rmtree(old, ignore_errors=True)
+            removed.append(old)
+    return removed
 
 
 def _into_place(tmp: Path, target: Path, facts: dict[str, Any]) -> None:
