@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import copy
 import json
+import os
 import resource
 import shutil
+import threading
 from pathlib import Path
 
 import httpx
@@ -102,6 +104,31 @@ def test_broken_session_files_are_refused_one_by_one(loaded, tmp_path):
     refused = sorted(line.split()[2] for line in logs)
     assert refused == ["cut.json", "half.json", "junk.json", "old.json"], logs
     assert any("sha256" in line for line in logs) and any("stale" in line for line in logs)
+
+
+def _load_within(store: SessionStore, loaded, seconds: float = 60) -> list[Session]:
+    """``store.load_all`` in a thread, failing (not hanging) when it blocks past ``seconds``."""
+    out: list[list[Session]] = []
+    worker = threading.Thread(target=lambda: out.append(store.load_all(lambda: _chat(loaded))))
+    worker.daemon = True
+    worker.start()
+    worker.join(seconds)
+    assert not worker.is_alive(), "load_all blocked (it opened a FIFO?)"
+    return out[0]
+
+
+def test_a_fifo_and_deeply_nested_json_are_refused_one_line_each(loaded, tmp_path):
+    _, session = _stored(loaded, 2)
+    SessionStore(tmp_path, IDENTITY, print).save(session, session.state)
+    os.mkfifo(tmp_path / "pipe.json")
+    (tmp_path / "deep.json").write_text("[" * 100_000 + "]" * 100_000)
+    logs: list[str] = []
+    back = _load_within(SessionStore(tmp_path, IDENTITY, logs.append), loaded)
+    assert [s.id for s in back] == ["dana"]
+    by_file = {line.split()[2]: line for line in logs}
+    assert sorted(by_file) == ["deep.json", "pipe.json"] and len(logs) == 2, logs
+    assert "FIFO" in by_file["pipe.json"] and "deeper" in by_file["deep.json"]
+    assert all("\n" not in line for line in logs)
 
 
 def _turn(http: httpx.Client, base: str, model: str, sid: str, text: str) -> httpx.Response:

@@ -35,6 +35,10 @@ LIMITS: dict[str, int] = {
     "tokenizer": 128 * MiB,
     "output marker": 1 * MiB,
     "session": 64 * MiB,
+    # A served session's cache in float32: (n_sink + window) x layers x 2 (keys, values) x KV
+    # heads x head dim x 4 bytes; 4096 slots of a 32-layer model with 8 KV heads of 128 dims is
+    # 1 GiB, so 4 GiB leaves room for larger windows while still bounding a hostile file.
+    "session tensors": 4096 * MiB,
 }
 
 #: Deepest JSON nesting sinklab accepts: real configs and results nest fewer than 10 levels.

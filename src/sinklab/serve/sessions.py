@@ -9,15 +9,15 @@ the turn in flight: ``DIR/ID.T.safetensors`` (the cache tensors and the generato
 ``T``, written to a temporary file, flushed and renamed), then ``DIR/ID.json`` (the conversation,
 the stream's bookkeeping, the server's config and the tensors file's sha256; written the same
 way, the commit point), then the previous turn's tensors file is removed. A crash at any point
-leaves the JSON naming a complete tensors file. At start-up every ``*.json`` is read; one that is
-corrupt, truncated, of another model or cache config, or whose tensors do not match its hash is
-refused with one log line and left on disk; the others are served.
+leaves the JSON naming a complete tensors file. At start-up every ``*.json`` is read through
+:mod:`sinklab.safeio` (a regular file, bounded in size and JSON nesting: a FIFO cannot block
+start-up); one that is corrupt, truncated, of another model or cache config, or whose tensors do
+not match its hash is refused with one log line and left on disk; the others are served.
 """
 
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import tempfile
 import threading
@@ -30,6 +30,7 @@ from safetensors.torch import load, save
 
 from sinklab.errors import SinklabError
 from sinklab.meta import write_json_atomic
+from sinklab.safeio import read_bytes, read_json
 from sinklab.stream.chat import ChatSession
 from sinklab.stream.state import StreamState
 
@@ -128,10 +129,7 @@ class SessionStore:
         return sessions
 
     def _load(self, path: Path, make_chat) -> Session:
-        try:
-            record = json.loads(path.read_text(encoding="utf-8"))
-        except (OSError, ValueError) as err:
-            raise SinklabError(f"unreadable ({type(err).__name__})") from None
+        record = read_json(path, "session file", "session")  # a FIFO, a bomb: one line
         if not isinstance(record, dict) or record.get("version") != VERSION:
             raise SinklabError(f"not a version-{VERSION} sinklab session file")
         if record.get("server") != self.server:
@@ -141,10 +139,7 @@ class SessionStore:
         sid, name = record.get("id"), record.get("tensors")
         if sid != path.stem or not isinstance(name, str) or not name.startswith(f"{sid}."):
             raise SinklabError("its id or tensors file name does not match the file name")
-        try:
-            data = (self.folder / name).read_bytes()
-        except OSError as err:
-            raise SinklabError(f"its tensors file {name} cannot be read ({err.strerror})") from None
+        data = read_bytes(self.folder / name, "its tensors file", "session tensors")
         if hashlib.sha256(data).hexdigest() != record.get("sha256"):
             raise SinklabError(f"its tensors file {name} does not match its sha256")
         try:
