@@ -131,6 +131,24 @@ def test_a_fifo_and_deeply_nested_json_are_refused_one_line_each(loaded, tmp_pat
     assert all("\n" not in line for line in logs)
 
 
+def test_a_tensors_name_leaving_the_folder_is_refused(loaded, tmp_path):
+    folder = tmp_path / "sessions"
+    _, session = _stored(loaded, 2)
+    SessionStore(folder, IDENTITY, print).save(session, session.state)
+    good = json.loads((folder / "dana.json").read_text())
+    # starts with "evil." but leaves the folder; the file there is genuine, its hash matches
+    shutil.copy(folder / good["tensors"], tmp_path / "outside.safetensors")
+    (folder / "evil.").mkdir()
+    (folder / "evil.json").write_text(
+        json.dumps({**good, "id": "evil", "tensors": "evil./../../outside.safetensors"})
+    )
+    logs: list[str] = []
+    back = SessionStore(folder, IDENTITY, logs.append).load_all(lambda: _chat(loaded))
+    assert [s.id for s in back] == ["dana"]
+    assert len(logs) == 1 and logs[0].split()[2] == "evil.json", logs
+    assert "does not match the file name" in logs[0]
+
+
 def _turn(http: httpx.Client, base: str, model: str, sid: str, text: str) -> httpx.Response:
     body = {
         "model": model,

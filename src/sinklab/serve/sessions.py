@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import tempfile
 import threading
 from dataclasses import dataclass, field
@@ -137,7 +138,12 @@ class SessionStore:
                 f"written for {record.get('server')}, this server is {self.server} (stale)"
             )
         sid, name = record.get("id"), record.get("tensors")
-        if sid != path.stem or not isinstance(name, str) or not name.startswith(f"{sid}."):
+        if (
+            not isinstance(sid, str)
+            or sid != path.stem
+            or not isinstance(name, str)
+            or not re.fullmatch(rf"{re.escape(sid)}\.\d+\.safetensors", name)
+        ):
             raise SinklabError("its id or tensors file name does not match the file name")
         data = read_bytes(self.folder / name, "its tensors file", "session tensors")
         if hashlib.sha256(data).hexdigest() != record.get("sha256"):
