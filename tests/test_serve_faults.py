@@ -7,6 +7,7 @@ fails the turn and keeps the session as it was."""
 from __future__ import annotations
 
 import copy
+import hashlib
 import json
 import os
 import resource
@@ -18,6 +19,8 @@ import httpx
 import openai
 import pytest
 import torch
+from safetensors.torch import load as load_tensors
+from safetensors.torch import save as save_tensors
 
 from serving import Served
 from sinklab.models.loading import load_model
@@ -117,6 +120,15 @@ def _load_within(store: SessionStore, loaded, seconds: float = 60) -> list[Sessi
     return out[0]
 
 
+def _resaved(folder: Path, good: dict, sid: str, tensors: dict[str, torch.Tensor]) -> None:
+    """A session ``sid`` like ``good`` but with ``tensors`` (a consistent sha256)."""
+    data = save_tensors(tensors)
+    name = f"{sid}.2.safetensors"
+    (folder / name).write_bytes(data)
+    record = {**good, "id": sid, "tensors": name, "sha256": hashlib.sha256(data).hexdigest()}
+    (folder / f"{sid}.json").write_text(json.dumps(record))
+
+
 def test_a_fifo_and_deeply_nested_json_are_refused_one_line_each(loaded, tmp_path):
     _, session = _stored(loaded, 2)
     SessionStore(tmp_path, IDENTITY, print).save(session, session.state)
@@ -147,6 +159,32 @@ def test_a_tensors_name_leaving_the_folder_is_refused(loaded, tmp_path):
     assert [s.id for s in back] == ["dana"]
     assert len(logs) == 1 and logs[0].split()[2] == "evil.json", logs
     assert "does not match the file name" in logs[0]
+
+
+def test_a_session_missing_a_layers_tensor_is_refused_at_start_up(loaded, tmp_path):
+    _, session = _stored(loaded, 2)
+    SessionStore(tmp_path, IDENTITY, print).save(session, session.state)
+    good = json.loads((tmp_path / "dana.json").read_text())
+    tensors = load_tensors((tmp_path / good["tensors"]).read_bytes())
+    n_layers = loaded.model.config.num_hidden_layers
+    assert n_layers >= 2 and f"{n_layers - 1}.sink_keys" in tensors
+    last = n_layers - 1
+    _resaved(tmp_path, good, "nokeys", {k: v for k, v in tensors.items() if k != "0.values"})
+    _resaved(
+        tmp_path,
+        good,
+        "nolayer",
+        {k: v for k, v in tensors.items() if not k.startswith(f"{last}.")},
+    )
+    _resaved(tmp_path, good, "extra", {**tensors, f"{n_layers}.keys": tensors["0.keys"].clone()})
+    logs: list[str] = []
+    back = SessionStore(tmp_path, IDENTITY, logs.append).load_all(lambda: _chat(loaded))
+    assert [s.id for s in back] == ["dana"]
+    by_file = {line.split()[2]: line for line in logs}
+    assert sorted(by_file) == ["extra.json", "nokeys.json", "nolayer.json"], logs
+    assert "0.values" in by_file["nokeys.json"]
+    assert f"{last}.keys" in by_file["nolayer.json"]
+    assert f"{n_layers}.keys" in by_file["extra.json"]
 
 
 def _turn(http: httpx.Client, base: str, model: str, sid: str, text: str) -> httpx.Response:

@@ -31,6 +31,7 @@ from safetensors.torch import load, save
 
 from sinklab.errors import SinklabError
 from sinklab.meta import write_json_atomic
+from sinklab.models.arch import model_shape
 from sinklab.safeio import read_bytes, read_json
 from sinklab.stream.chat import ChatSession
 from sinklab.stream.state import StreamState
@@ -153,8 +154,9 @@ class SessionStore:
         except (SafetensorError, ValueError, OSError) as err:
             raise SinklabError(f"its tensors file {name} is not safetensors ({err})") from None
         gen = tensors.pop(_GEN, None)
-        state = StreamState.from_json(record.get("stream") or {}, tensors)
         chat = make_chat()
+        n_layers, _ = model_shape(chat.model)  # every layer's tensors must be there
+        state = StreamState.from_json(record.get("stream") or {}, tensors, n_layers)
         chat.load_record(record.get("chat") or {})
         if gen is not None:
             try:

@@ -68,8 +68,11 @@ class StreamState:
         }
 
     @classmethod
-    def from_json(cls, data: dict[str, Any], tensors: dict[str, Tensor]) -> StreamState:
-        """The inverse of :meth:`to_json`; a malformed record raises :class:`SinklabError`."""
+    def from_json(
+        cls, data: dict[str, Any], tensors: dict[str, Tensor], n_layers: int | None = None
+    ) -> StreamState:
+        """The inverse of :meth:`to_json`; a malformed record raises :class:`SinklabError`
+        (``n_layers``: the model's layer count, which the tensors must cover; see :meth:`check`)."""
         try:
             c = data["config"]
             pos = c.get("sink_positions")
@@ -87,11 +90,16 @@ class StreamState:
             )
         except (KeyError, TypeError, ValueError, AttributeError) as err:
             raise SinklabError(f"not a stream state ({type(err).__name__}: {err})") from None
-        state.check()
+        state.check(n_layers)
         return state
 
-    def check(self) -> None:
-        """Refuse a state whose parts do not fit together (a corrupt or hand-edited file)."""
+    def check(self, n_layers: int | None = None) -> None:
+        """Refuse a state whose parts do not fit together (a corrupt or hand-edited file).
+
+        A state that holds tensors must hold exactly ``{i}.keys``, ``{i}.values`` and
+        ``{i}.sink_keys`` for every layer ``i`` below ``n_layers`` (the model's layer count;
+        None: one past the highest layer named), so that a missing tensor is refused here, not
+        by every later turn."""
         n = self.kept
         cap = self.config.capacity
         ok = (
@@ -107,12 +115,42 @@ class StreamState:
             raise SinklabError("the stream state's positions, ring and sinks do not fit together")
         if n and not self.tensors:
             raise SinklabError(f"the stream state keeps {n} positions but has no tensors")
+        if self.tensors:
+            _check_layers(self.tensors, n_layers)
         for name, t in self.tensors.items():
             want = len(self.config.sinks) if name.endswith(".sink_keys") else n
             if t.dim() != 3 or t.shape[1] != want:
                 raise SinklabError(
                     f"tensor {name} has shape {tuple(t.shape)}; expected (heads, {want}, dim)"
                 )
+
+
+_LAYER_TENSORS = ("keys", "values", "sink_keys")
+
+
+def _check_layers(tensors: dict[str, Tensor], n_layers: int | None) -> None:
+    """Refuse ``tensors`` unless they are exactly each layer's keys, values and sink keys."""
+    found: set[tuple[int, str]] = set()
+    for name in tensors:
+        layer, _, kind = name.partition(".")
+        if not layer.isdigit() or kind not in _LAYER_TENSORS:
+            raise SinklabError(f"the stream state holds an unknown tensor {name!r}")
+        found.add((int(layer), kind))
+    count = n_layers if n_layers is not None else 1 + max((i for i, _ in found), default=-1)
+    want = {(i, kind) for i in range(count) for kind in _LAYER_TENSORS}
+    missing = sorted(want - found)
+    if missing:
+        i, kind = missing[0]
+        raise SinklabError(
+            f"the stream state lacks tensor {i}.{kind} ({len(missing)} missing of "
+            f"{len(want)} for {count} layers)"
+        )
+    extra = sorted(found - want)
+    if extra:
+        i, kind = extra[0]
+        raise SinklabError(
+            f"the stream state holds tensor {i}.{kind}, past the model's {count} layers"
+        )
 
 
 def _servable(cache: Any) -> None:
