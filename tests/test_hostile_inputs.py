@@ -351,3 +351,20 @@ def test_train_sizes_past_one_machine_are_one_line(capsys, tmp_path, args, needl
     run = run_main(capsys, "train", *args, "--out", str(tmp_path / "t"))
     assert_one_line_error(run, needle)
     assert not (tmp_path / "t").exists()
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (("claims", "--windows", "1000"), "windows must be at most 100"),
+        (("claims", "--grid", "1000"), "grid must be at most 64"),
+        (("claims", "--cost-seeds", "1000"), "cost_seeds must be at most 20"),
+        (("claims", "--stream-tokens", "100000000"), "stream_tokens must be at most 1048576"),
+        (("ablate", "-e", "sensitivity", "--probes", "100000"), "probes must be in 0..256"),
+        (("ablate", "-e", "geometry", "--texts", "1000"), "--texts must be in 1..64"),
+    ],
+)
+def test_claims_and_ablate_sizes_past_one_machine_are_one_line(capsys, tmp_path, args, needle):
+    run = run_main(capsys, *args, "--out", str(tmp_path / "o"))
+    assert_one_line_error(run, needle)
+    assert not (tmp_path / "o").exists()

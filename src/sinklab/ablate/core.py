@@ -75,8 +75,8 @@ class AblationConfig:
             )
         if not 2 <= self.grid <= 256:
             raise SinklabError(f"grid must be in 2..256, got {self.grid}; e.g. --grid 16")
-        if self.probes < 0:
-            raise SinklabError(f"probes must be >= 0 (0 = exact), got {self.probes}")
+        if not 0 <= self.probes <= 256:
+            raise SinklabError(f"probes must be in 0..256 (0 = exact), got {self.probes}")
         if self.first_target < 2:
             raise SinklabError(f"first_target must be >= 2, got {self.first_target}")
 

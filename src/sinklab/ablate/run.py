@@ -48,8 +48,8 @@ class AblationRun:
     def __post_init__(self) -> None:
         check_experiment(self.experiment)
         self.config.check_tokens(self.tokens)
-        if self.texts < 1:
-            raise SinklabError(f"--texts must be >= 1, got {self.texts}")
+        if not 1 <= self.texts <= 64:
+            raise SinklabError(f"--texts must be in 1..64, got {self.texts}")
         if not get_experiment(self.experiment).texts:  # reads one text: the count means nothing
             object.__setattr__(self, "texts", 1)
 

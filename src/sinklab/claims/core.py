@@ -19,6 +19,7 @@ from torch import nn
 
 from sinklab.ablate.registry import experiments_for_claim
 from sinklab.claims.lab_runs import LAB_SIZES, LabPlan, train_lab_runs
+from sinklab.claims.limits import MAX_CLAIMS_SIZES
 from sinklab.claims.measure_lab import LAB_CLAIMS, measure_cost, measure_lab, measure_lab_runs
 from sinklab.claims.measure_model import (
     Measurement,
@@ -97,6 +98,12 @@ class ClaimsConfig:
         for name in ("probe_tokens", "stream_tokens", "sensitivity_tokens"):
             if getattr(self, name) < 8:
                 raise SinklabError(f"{name} must be >= 8, got {getattr(self, name)}")
+        for name, hi in MAX_CLAIMS_SIZES.items():
+            if getattr(self, name) > hi:
+                raise SinklabError(
+                    f"{name} must be at most {hi} (a claims run stays within one machine), got "
+                    f"{getattr(self, name)}"
+                )
         if not 0 <= self.q0 < self.probe_tokens:
             raise SinklabError(f"q0 must be in [0, {self.probe_tokens}), got {self.q0}")
         if not 0.0 < self.eps < 1.0:

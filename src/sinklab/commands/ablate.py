@@ -115,11 +115,12 @@ def ablate(
     temperatures: Annotated[
         str | None, typer.Option(help="density temperature: tau values > 0, e.g. 0.5,1,2.")
     ] = None,
-    grid: Annotated[int, typer.Option(help="sensitivity: grid x grid positions.")] = 16,
+    grid: Annotated[int, typer.Option(help="sensitivity: grid x grid positions, 2..256.")] = 16,
     probes: Annotated[
-        int, typer.Option(help="sensitivity: Hutchinson probes per query; 0 = exact (slow).")
+        int,
+        typer.Option(help="sensitivity: Hutchinson probes per query, 0..256; 0 = exact (slow)."),
     ] = 8,
-    texts: Annotated[int, typer.Option(help="geometry: number of texts.")] = 4,
+    texts: Annotated[int, typer.Option(help="geometry: number of texts, 1..64.")] = 4,
     q0: Annotated[int, typer.Option(help="First query counted in sink mass.")] = 0,
     eps: Annotated[
         str | None,

@@ -8,6 +8,7 @@ from typing import Annotated, Any
 
 import typer
 
+from sinklab.claims.limits import MAX_CLAIMS_SIZES
 from sinklab.commands.common import (
     DeviceOpt,
     DtypeOpt,
@@ -43,7 +44,11 @@ def claims(
         ),
     ] = None,
     windows: Annotated[
-        int, typer.Option(help="Consecutive windows per text (samples = texts x windows).")
+        int,
+        typer.Option(
+            help="Consecutive windows per text (samples = texts x windows), at most "
+            f"{MAX_CLAIMS_SIZES['windows']}."
+        ),
     ] = 1,
     only: Annotated[
         str | None, typer.Option("--claims", help="Comma-separated claim ids (default all).")
@@ -67,21 +72,45 @@ def claims(
     clear_lab_cache: Annotated[
         bool, typer.Option("--clear-lab-cache", help="Empty the lab run cache and exit.")
     ] = False,
-    tokens: Annotated[int, typer.Option(help="Tokens for probe, geometry, density.")] = 256,
-    stream_tokens: Annotated[int, typer.Option(help="Tokens streamed per text.")] = 320,
+    tokens: Annotated[
+        int,
+        typer.Option(
+            help=f"Tokens for probe, geometry, density (8..{MAX_CLAIMS_SIZES['probe_tokens']})."
+        ),
+    ] = 256,
+    stream_tokens: Annotated[
+        int,
+        typer.Option(help=f"Tokens streamed per text (8..{MAX_CLAIMS_SIZES['stream_tokens']})."),
+    ] = 320,
     window: Annotated[int, typer.Option(help="Streaming: recent tokens kept.")] = 60,
     n_sink: Annotated[int, typer.Option(help="Streaming: sink tokens kept.")] = 4,
-    grid: Annotated[int, typer.Option(help="Sensitivity: grid x grid (t, i) positions.")] = 4,
+    grid: Annotated[
+        int,
+        typer.Option(
+            help=f"Sensitivity: grid x grid (t, i) positions (1..{MAX_CLAIMS_SIZES['grid']})."
+        ),
+    ] = 4,
     q0: Annotated[int, typer.Option(help="First query counted in sink mass.")] = 16,
     eps: Annotated[
         float, typer.Option(help="Sink-head threshold: a head is a sink head above it.")
     ] = 0.3,
     sensitivity_tokens: Annotated[
-        int, typer.Option(help="Sensitivity: tokens per text (Jacobians are costly).")
+        int,
+        typer.Option(
+            help=f"Sensitivity: tokens per text, 8..{MAX_CLAIMS_SIZES['sensitivity_tokens']} "
+            "(Jacobians are costly)."
+        ),
     ] = 128,
     cost_lengths: Annotated[str, typer.Option(help="Cost claim: context lengths T.")] = "16,32,64",
-    cost_seeds: Annotated[int, typer.Option(help="Cost claim: fitting seeds.")] = 3,
-    cost_steps: Annotated[int, typer.Option(help="Cost claim: Adam steps per radius.")] = 300,
+    cost_seeds: Annotated[
+        int, typer.Option(help=f"Cost claim: fitting seeds (1..{MAX_CLAIMS_SIZES['cost_seeds']}).")
+    ] = 3,
+    cost_steps: Annotated[
+        int,
+        typer.Option(
+            help=f"Cost claim: Adam steps per radius (1..{MAX_CLAIMS_SIZES['cost_steps']})."
+        ),
+    ] = 300,
     out: Annotated[
         Path | None, typer.Option("--out", "-o", help="Folder for claims.json and the figure.")
     ] = None,
