@@ -94,6 +94,8 @@ def test_text_runs_read_the_loss_plateau():
     falling = [(s, 5.0 - 0.01 * s) for s in range(1, 201)]  # falls 0.2 per 10 %
     assert loss_plateau(flat).met and not loss_plateau(falling).met
     assert "fell 0.2" in loss_plateau(falling).detail
+    rising = [(s, 3.0 + 0.01 * s) for s in range(1, 201)]  # diverging: rises 0.2 per 10 %
+    assert not loss_plateau(rising).met and "rose 0.2" in loss_plateau(rising).detail
 
 
 def test_emergence_criteria():

@@ -18,7 +18,7 @@ TAIL_FRACTION = 0.2  # the last 20 % of training
 MIN_TAIL = 3  # checkpoints the tail must hold for C1 to be read
 BAND = 0.05  # C1: max - min of the read-out over the tail
 COPY_LOSS_MAX = 0.05  # C2 (backcopy): final copy loss, nats (floor 0)
-PLATEAU = 0.02  # C2 (text): nats the last 10 % of the loss may still fall below the 10 % before
+PLATEAU = 0.02  # C2 (text): nats the last 10 % of the loss may differ from the 10 % before
 SINK_RATIO = 3.0  # emergence of a sink: r = m / u >= 3
 SWITCH_MASS = 0.5  # emergence of a switch: previous-token mass at trigger queries >= 0.5
 
@@ -73,16 +73,18 @@ def copy_loss_at_floor(copy_loss: float | None, limit: float = COPY_LOSS_MAX) ->
 
 
 def loss_plateau(loss: Sequence[tuple[int, float]], limit: float = PLATEAU) -> Check:
-    """C2 for text: the mean training loss over the last 10 % of the steps is at most ``limit``
-    nats below the mean over the 10 % before (the loss has flattened; no known floor)."""
-    criterion = f"loss over the last 10 % within {limit:g} nats of the 10 % before"
+    """C2 for text: the mean training loss over the last 10 % of the steps is within ``limit``
+    nats of the mean over the 10 % before, either way (the loss has flattened; no known floor).
+    A loss that rises by more than ``limit`` is diverging, not converged."""
+    criterion = f"loss over the last 10 % within {limit:g} nats of the 10 % before (either way)"
     vals = [float(v) for _, v in loss]
     n = len(vals) // 10
     if n < 1:
         return Check(False, criterion, f"only {len(vals)} loss values")
     last, before = vals[-n:], vals[-2 * n : -n]
     drop = sum(before) / n - sum(last) / n
-    return Check(drop <= limit, criterion, f"loss fell {_f(drop)} nats")
+    moved = f"loss fell {_f(drop)} nats" if drop >= 0 else f"loss rose {_f(-drop)} nats"
+    return Check(abs(drop) <= limit, criterion, moved)
 
 
 def sink_ratio(mass: float | None, uniform: float | None) -> float | None:
