@@ -124,6 +124,15 @@ def test_checkpoint_schedule():
     assert checkpoint_steps(1, 3) == [0, 1]
 
 
+def test_checkpoint_schedule_fills_the_tail_convergence_reads():
+    from sinklab.lab.convergence import tail
+    from sinklab.lab.train import TAIL_POINTS
+
+    for steps in (*range(20, 400), 1003, 2503, 10007):  # 1003: round(0.8 S) = 802 < 802.4
+        pts = [(s, 0.0) for s in checkpoint_steps(steps, 8)]
+        assert len(tail(pts, steps)) >= TAIL_POINTS, steps
+
+
 def test_bad_train_config_is_one_error():
     with pytest.raises(SinklabError, match="d-model"):
         TrainConfig(d_model=30, heads=4)

@@ -40,10 +40,16 @@ def _f(x: float) -> str:
     return f"{x:.3g}"
 
 
+def tail_start(steps: int) -> int:
+    """The first step of the last :data:`TAIL_FRACTION` of ``steps`` steps: ``ceil(0.8 S)``, the
+    one rule both the checkpoint schedule and :func:`tail` use (so no tail checkpoint falls out)."""
+    return math.ceil((1.0 - TAIL_FRACTION) * steps - 1e-9)
+
+
 def tail(points: Sequence[tuple[int, float]], steps: int) -> list[tuple[int, float]]:
-    """The ``(step, value)`` points in the last :data:`TAIL_FRACTION` of ``steps`` steps."""
-    start = (1.0 - TAIL_FRACTION) * steps
-    return [(s, v) for s, v in points if s >= start - 1e-9]
+    """The ``(step, value)`` points from :func:`tail_start` on."""
+    start = tail_start(steps)
+    return [(s, v) for s, v in points if s >= start]
 
 
 def read_out_settled(points: Sequence[tuple[int, float]], steps: int, band: float = BAND) -> Check:

@@ -36,7 +36,7 @@ from sinklab.errors import SinklabError
 from sinklab.lab.backcopy import BackcopyData, backcopy_validation
 from sinklab.lab.backcopy_metrics import backcopy_summary
 from sinklab.lab.config import TrainConfig
-from sinklab.lab.convergence import TAIL_FRACTION, convergence
+from sinklab.lab.convergence import convergence, tail_start
 from sinklab.lab.data import LabData
 from sinklab.lab.model import LabConfig, LabForCausalLM
 from sinklab.lab.ranks import Ranks, check_nproc, process_group
@@ -57,13 +57,11 @@ TAIL_POINTS = 5  # tail checkpoints at 0.8 S, 0.85 S, 0.9 S, 0.95 S, S
 
 def checkpoint_steps(steps: int, n: int) -> list[int]:
     """``n`` log-spaced steps in ``1..steps`` (distinct, ending at ``steps``), plus step 0 and
-    :data:`TAIL_POINTS` steps evenly spaced over the last :data:`TAIL_FRACTION` of training (the
-    trajectory the convergence criterion of docs/claims.md#lab-validity reads)."""
+    :data:`TAIL_POINTS` steps evenly spaced from :func:`~sinklab.lab.convergence.tail_start` to
+    ``steps`` (the trajectory the convergence criterion of docs/claims.md#lab-validity reads)."""
     raw = {round(steps ** (i / max(1, n - 1))) if n > 1 else steps for i in range(n)}
-    start = 1.0 - TAIL_FRACTION
-    tail = {
-        round(steps * (start + TAIL_FRACTION * i / (TAIL_POINTS - 1))) for i in range(TAIL_POINTS)
-    }
+    start = tail_start(steps)  # the rule convergence.tail reads the tail by
+    tail = {math.ceil(start + (steps - start) * i / (TAIL_POINTS - 1)) for i in range(TAIL_POINTS)}
     return sorted({0, *(min(steps, max(1, s)) for s in raw | tail), steps})
 
 
