@@ -22,6 +22,7 @@ from sinklab.claims.validity import FIDELITY, RunCheck
 from sinklab.errors import SinklabError
 from sinklab.lab.convergence import (
     convergence,
+    number,
     sink_emerged,
     sink_ratio,
     switch_emerged,
@@ -112,19 +113,22 @@ class LabRun:
 
     def sink(self) -> RunCheck:
         bc = self.backcopy
-        m, u = _num(bc, "first_token_mass_nontrigger"), _num(bc, "uniform_first_mass_nontrigger")
+        m, u = (
+            number(bc, "first_token_mass_nontrigger"),
+            number(bc, "uniform_first_mass_nontrigger"),
+        )
         e = sink_emerged(m, u)
         return RunCheck(self.label, e.met, e.criterion, "" if e.met else f"no sink ({e.detail})")
 
     def switch(self) -> RunCheck:
-        e = switch_emerged(_num(self.backcopy, "prev_token_mass_trigger"))
+        e = switch_emerged(number(self.backcopy, "prev_token_mass_trigger"))
         return RunCheck(self.label, e.met, e.criterion, "" if e.met else f"no switch ({e.detail})")
 
     def ratio(self) -> float | None:
         """``r``: the switching head's first-token mass relative to uniform's, last checkpoint."""
         bc = self.backcopy
         return sink_ratio(
-            _num(bc, "first_token_mass_nontrigger"), _num(bc, "uniform_first_mass_nontrigger")
+            number(bc, "first_token_mass_nontrigger"), number(bc, "uniform_first_mass_nontrigger")
         )
 
     def evidence(self) -> dict[str, Any]:
@@ -162,11 +166,6 @@ def load_lab_runs(folder: Path) -> list[LabRun]:
         seen.add(run.key())
         runs.append(run)
     return runs
-
-
-def _num(d: dict[str, Any], key: str) -> float | None:
-    v = d.get(key)
-    return float(v) if isinstance(v, int | float) and not isinstance(v, bool) else None
 
 
 def _diff(a: float | None, b: float | None) -> float | None:
@@ -213,8 +212,8 @@ def _softmax1(runs: list[LabRun]) -> Measurement:
             alt = by_key.get((key, other))
             if alt is None:
                 continue
-            a = _num(run.backcopy, "first_token_mass_nontrigger")
-            b = _num(alt.backcopy, "first_token_mass_nontrigger")
+            a = number(run.backcopy, "first_token_mass_nontrigger")
+            b = number(alt.backcopy, "first_token_mass_nontrigger")
             seen.emerged(run.sink())  # nothing to remove without a sink in the softmax run
             m.samples.append(
                 {
@@ -222,7 +221,7 @@ def _softmax1(runs: list[LabRun]) -> Measurement:
                     "effect": _diff(a, b),
                     "softmax": a,
                     other: b,
-                    "null_mass_nontrigger": _num(alt.backcopy, "null_mass_nontrigger"),
+                    "null_mass_nontrigger": number(alt.backcopy, "null_mass_nontrigger"),
                     "runs": seen.runs(run, alt),
                 }
             )
@@ -233,7 +232,7 @@ def _softmax1(runs: list[LabRun]) -> Measurement:
 
 def _sink_rate(run: LabRun) -> float | None:
     rate = run.last.get("sink_rate")
-    return _num(rate, "0.3") if isinstance(rate, dict) else None
+    return number(rate, "0.3") if isinstance(rate, dict) else None
 
 
 def _length(runs: list[LabRun]) -> Measurement:
@@ -280,7 +279,7 @@ def _length(runs: list[LabRun]) -> Measurement:
                 "tokens_per_step": tokens,
                 "r": {str(min(by_t)): r_lo, str(max(by_t)): r_hi},
                 "first_token_mass": {
-                    str(t): _num(by_t[t].backcopy, "first_token_mass_nontrigger")
+                    str(t): number(by_t[t].backcopy, "first_token_mass_nontrigger")
                     for t in (min(by_t), max(by_t))
                 },
                 "sink_rate": {str(t): _sink_rate(by_t[t]) for t in (min(by_t), max(by_t))},
@@ -306,7 +305,7 @@ def _depth(runs: list[LabRun]) -> Measurement:
             continue
         lo = next(r for r in group if r.config["layers"] == values[0])
         hi = next(r for r in group if r.config["layers"] == values[-1])
-        a, b = _num(hi.last, "first_token_sink_mass"), _num(lo.last, "first_token_sink_mass")
+        a, b = number(hi.last, "first_token_sink_mass"), number(lo.last, "first_token_sink_mass")
         m.samples.append(
             {
                 "sample": lo.name(),
@@ -331,7 +330,7 @@ def _bos(runs: list[LabRun]) -> Measurement:
         without = [r for r in group if r.config.get("data") in WITHOUT_BOS]
         for a in with_bos:
             for b in without:
-                da, db = _num(a.val, "damage"), _num(b.val, "damage")
+                da, db = number(a.val, "damage"), number(b.val, "damage")
                 if _backcopy(a):  # reliance needs a sink on BOS to rely on
                     seen.emerged(a.sink())
                 m.samples.append(
@@ -355,8 +354,8 @@ def _hard_switch(runs: list[LabRun]) -> Measurement:
         if r.config.get("variant") != "softmax" or not _uses_bos(r) or not r.backcopy:
             continue
         bc = r.backcopy
-        nt, tr = _num(bc, "first_token_mass_nontrigger"), _num(bc, "first_token_mass_trigger")
-        on, off = _num(bc, "output_norm_trigger"), _num(bc, "output_norm_nontrigger")
+        nt, tr = number(bc, "first_token_mass_nontrigger"), number(bc, "first_token_mass_trigger")
+        on, off = number(bc, "output_norm_trigger"), number(bc, "output_norm_nontrigger")
         seen.emerged(r.switch())
         m.samples.append(
             {

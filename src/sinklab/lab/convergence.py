@@ -117,7 +117,8 @@ def switch_emerged(prev_mass: float | None, limit: float = SWITCH_MASS) -> Check
     return Check(prev_mass >= limit, criterion, f"previous-token mass {_f(prev_mass)}")
 
 
-def _num(d: dict[str, Any], key: str) -> float | None:
+def number(d: dict[str, Any], key: str) -> float | None:
+    """``d[key]`` as a float when it is a number (not a bool), else None (missing or not read)."""
     v = d.get(key)
     return float(v) if isinstance(v, int | float) and not isinstance(v, bool) else None
 
@@ -132,13 +133,13 @@ def trajectory(checkpoints: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
         row: dict[str, Any] = {"step": int(c["step"])}
         if isinstance(bc, dict):
             m, u = (
-                _num(bc, "first_token_mass_nontrigger"),
-                _num(bc, "uniform_first_mass_nontrigger"),
+                number(bc, "first_token_mass_nontrigger"),
+                number(bc, "uniform_first_mass_nontrigger"),
             )
-            row.update(m=m, u=u, r=sink_ratio(m, u), copy_loss=_num(bc, "backcopy_loss"))
-            row["prev_mass"] = _num(bc, "prev_token_mass_trigger")
+            row.update(m=m, u=u, r=sink_ratio(m, u), copy_loss=number(bc, "backcopy_loss"))
+            row["prev_mass"] = number(bc, "prev_token_mass_trigger")
         else:
-            row["m"] = _num(c, "first_token_sink_mass")
+            row["m"] = number(c, "first_token_sink_mass")
         rate = c.get("sink_rate")
         if isinstance(rate, dict) and "0.3" in rate:
             row["sink_rate"] = float(rate["0.3"])
