@@ -150,3 +150,29 @@ def test_every_lab_claim_has_a_fidelity():
     assert FIDELITY["sinks-grow-length"].label.startswith("proxy: ")
     with pytest.raises(SinklabError, match="fidelity"):
         Fidelity("roughly")
+
+
+def test_a_comparison_checks_every_run_not_every_label():
+    """Runs that differ only in lr share a display label; each one's convergence is checked, so
+    a run that did not converge cannot hide behind a converged twin."""
+    from sinklab.claims.measure_lab import LabRun, _Compared
+
+    def run(lr: float, wobble: float) -> LabRun:
+        config = {"task": "text", "seed": 0, "variant": "softmax", "data": "bos", "lr": lr}
+        config |= {"seq_len": 32, "batch_size": 8, "steps": STEPS}
+        rows = [
+            {"step": s, "first_token_sink_mass": 0.5 + (wobble if i % 2 else 0.0)}
+            for i, s in enumerate(checkpoint_steps(STEPS, 8))
+        ]
+        loss = [(s, 3.0) for s in range(1, 201)]
+        return LabRun(None, config, rows, {}, loss)
+
+    settled, moving = run(1e-3, 0.0), run(3e-3, 0.3)
+    assert settled.label == moving.label
+    seen = _Compared()
+    seen.runs(settled)
+    seen.runs(moving)
+    seen.emerged(settled.sink(), settled)
+    seen.emerged(moving.sink(), moving)
+    assert sorted(c.met for c in seen.convergence.values()) == [False, True]
+    assert len(seen.emergence) == 2

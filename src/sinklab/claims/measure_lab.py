@@ -181,19 +181,23 @@ def _backcopy(run: LabRun) -> bool:
 
 
 class _Compared:
-    """Collects a comparison's runs once each: their convergence and emergence checks."""
+    """Collects a comparison's runs once each: their convergence and emergence checks. A run is
+    known by its whole configuration (:meth:`LabRun.key`), not by its display label: two runs
+    that differ only in lr, steps or size share a label, and each must be checked (a run that
+    did not converge must not hide behind a converged twin)."""
 
     def __init__(self) -> None:
-        self.convergence: dict[str, RunCheck] = {}
-        self.emergence: dict[str, RunCheck] = {}
+        self.convergence: dict[tuple, RunCheck] = {}
+        self.emergence: dict[tuple, RunCheck] = {}
 
     def runs(self, *runs: LabRun) -> dict[str, Any]:
         for r in runs:
-            self.convergence.setdefault(r.label, r.converged())
+            self.convergence.setdefault(r.key(), r.converged())
         return {r.label: r.evidence() for r in runs}
 
-    def emerged(self, check: RunCheck) -> None:
-        self.emergence.setdefault(check.name, check)
+    def emerged(self, check: RunCheck, *runs: LabRun) -> None:
+        """Record ``check``, made on ``runs``, once per (check, runs)."""
+        self.emergence.setdefault((check.name, *(r.key() for r in runs)), check)
 
     def into(self, m: Measurement) -> Measurement:
         m.convergence = list(self.convergence.values())
@@ -214,7 +218,7 @@ def _softmax1(runs: list[LabRun]) -> Measurement:
                 continue
             a = number(run.backcopy, "first_token_mass_nontrigger")
             b = number(alt.backcopy, "first_token_mass_nontrigger")
-            seen.emerged(run.sink())  # nothing to remove without a sink in the softmax run
+            seen.emerged(run.sink(), run)  # nothing to remove without a sink in the softmax run
             m.samples.append(
                 {
                     "sample": f"{run.name()}, {other}",
@@ -269,7 +273,9 @@ def _length(runs: list[LabRun]) -> Measurement:
                 any(g.met for g in grew),
                 "a sink in at least one of the two runs",
                 "" if any(g.met for g in grew) else "; ".join(g.reason for g in grew),
-            )
+            ),
+            lo,
+            hi,
         )
         m.samples.append(
             {
@@ -332,7 +338,7 @@ def _bos(runs: list[LabRun]) -> Measurement:
             for b in without:
                 da, db = number(a.val, "damage"), number(b.val, "damage")
                 if _backcopy(a):  # reliance needs a sink on BOS to rely on
-                    seen.emerged(a.sink())
+                    seen.emerged(a.sink(), a)
                 m.samples.append(
                     {
                         "sample": f"{a.name()}, {a.config['data']} vs {b.config['data']}",
@@ -356,7 +362,7 @@ def _hard_switch(runs: list[LabRun]) -> Measurement:
         bc = r.backcopy
         nt, tr = number(bc, "first_token_mass_nontrigger"), number(bc, "first_token_mass_trigger")
         on, off = number(bc, "output_norm_trigger"), number(bc, "output_norm_nontrigger")
-        seen.emerged(r.switch())
+        seen.emerged(r.switch(), r)
         m.samples.append(
             {
                 "sample": r.name("layers", "seq_len"),
