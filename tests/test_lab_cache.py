@@ -61,6 +61,20 @@ def test_listing_and_clearing(root):
     assert cache.clear_cache() == 0
 
 
+def test_clearing_removes_only_sinklabs_entries(root, monkeypatch):
+    mine = root.parent / "mine"  # a user's own folder given as SINKLAB_LAB_CACHE
+    monkeypatch.setenv("SINKLAB_LAB_CACHE", str(mine))
+    (mine / "photos").mkdir(parents=True)
+    (mine / "photos" / "a.jpg").write_text("x")
+    (mine / "notes.txt").write_text("x")
+    cfg = preset("cpu", **TINY)
+    cache.cached_train(cfg)
+    (mine / f".{cache.run_key(cfg)}.tmp-123").mkdir()  # a half-written run
+    assert cache.clear_cache() == 2
+    assert sorted(p.name for p in mine.iterdir()) == ["notes.txt", "photos"]
+    assert (mine / "photos" / "a.jpg").is_file()
+
+
 def test_an_interrupted_run_leaves_nothing(root, monkeypatch):
     def boom(*a, **k):
         raise KeyboardInterrupt

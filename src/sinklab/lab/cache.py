@@ -14,6 +14,7 @@ import hashlib
 import json
 import logging
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -128,16 +129,38 @@ def cache_listing(root: Path | None = None) -> list[dict[str, Any]]:
     return rows
 
 
+_ENTRY = re.compile(r"(\.)?[0-9a-f]{16}(\.(tmp|stale)-\d+)?")  # <key>, .<key>.tmp-<pid>
+
+
+def _is_entry(folder: Path) -> bool:
+    """Whether ``folder`` is sinklab's: it holds a :data:`KEY_FILE` or is named like a run's key
+    or its temporary folder (nothing else below the cache root is touched)."""
+    m = _ENTRY.fullmatch(folder.name)
+    named = m is not None and bool(m.group(1)) == bool(m.group(2))
+    return folder.is_dir() and not folder.is_symlink() and (named or (folder / KEY_FILE).is_file())
+
+
 def clear_cache(root: Path | None = None) -> int:
-    """Remove every cached run (and any half-written one); the number of folders removed."""
+    """Remove every cached run (and any half-written one): only sinklab's entries
+    (:func:`_is_entry`), so a ``$SINKLAB_LAB_CACHE`` pointed at a folder that holds other things
+    keeps them. The number of folders removed; SinklabError (one line) when some could not be."""
     root = root or lab_cache_dir()
     if not root.is_dir():
         return 0
-    n = 0
-    for folder in root.iterdir():
-        if folder.is_dir():
+    n, failed = 0, []
+    for folder in sorted(root.iterdir()):
+        if not _is_entry(folder):
+            continue
+        try:
             shutil.rmtree(folder)
             n += 1
+        except OSError as exc:
+            failed.append(f"{folder.name} ({exc.strerror or exc})")
+    if failed:
+        raise SinklabError(
+            f"removed {n} lab run(s) but could not remove {len(failed)} in {root}: "
+            f"{', '.join(failed)}; check its permissions"
+        )
     return n
 
 
