@@ -75,6 +75,27 @@ def test_clearing_removes_only_sinklabs_entries(root, monkeypatch):
     assert (mine / "photos" / "a.jpg").is_file()
 
 
+def test_a_run_finished_second_keeps_the_first_valid_entry(root, monkeypatch):
+    """Two workers train one key: the one that finishes second uses the entry already there
+    (never deletes it: the first may be reading it) and discards its own."""
+    cfg = preset("cpu", **TINY)
+    real = cache.train
+
+    def racing(config, out, **kw):
+        with monkeypatch.context() as m:  # the other worker (another pid) finishes first
+            m.setattr(cache, "train", real)
+            m.setattr(cache.os, "getpid", lambda: 999999)
+            other, _ = cache.cached_train(config)
+        (other.out / "reader-is-here").write_text("x")
+        return real(config, out, **kw)
+
+    monkeypatch.setattr(cache, "train", racing)
+    res, reused = cache.cached_train(cfg)
+    final = root / cache.run_key(cfg)
+    assert reused and res.out == final and (final / "reader-is-here").is_file()
+    assert [p.name for p in root.iterdir()] == [final.name]  # no temporary folder left
+
+
 def test_an_interrupted_run_leaves_nothing(root, monkeypatch):
     def boom(*a, **k):
         raise KeyboardInterrupt

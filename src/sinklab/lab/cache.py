@@ -98,13 +98,42 @@ def cached_train(
         result = train(config, None, data=data, callback=callback)
         write_json_atomic(tmp / "train.json", result.to_json())
         (tmp / KEY_FILE).write_text(json.dumps(key_data(config), sort_keys=True), encoding="utf-8")
-        shutil.rmtree(final, ignore_errors=True)  # a stale or mismatched run of the same key
-        tmp.rename(final)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    result.out = final
-    return result, False
+        return _into_place(config, tmp, final, result)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)  # gone after a rename; else never reused
+
+
+def _into_place(
+    config: TrainConfig, tmp: Path, final: Path, result: TrainResult
+) -> tuple[TrainResult, bool]:
+    """Rename the finished run ``tmp`` to ``final``. Processes sharing the cache (pytest-xdist
+    workers) may train the same key at once: when a valid run of ``config`` is already at
+    ``final`` (another process finished first, or won the rename race) that run is used and
+    ``tmp`` discarded; a valid entry is never deleted. Only a stale or mismatched entry is moved
+    aside (an atomic rename) and removed."""
+    root = final.parent
+    for _ in range(3):
+        prior = cached_result(config, root)
+        if prior is not None:
+            return prior, True
+        if final.exists():
+            stale = root / f".{final.name}.stale-{os.getpid()}"
+            shutil.rmtree(stale, ignore_errors=True)
+            try:
+                final.rename(stale)
+            except OSError:
+                continue  # another process moved or replaced it first: look again
+            shutil.rmtree(stale, ignore_errors=True)
+        try:
+            tmp.rename(final)
+        except OSError:
+            continue  # lost the race: another process's run is there now
+        result.out = final
+        return result, False
+    prior = cached_result(config, root)
+    if prior is not None:
+        return prior, True
+    raise SinklabError(f"could not put the lab run into {final}; run --clear-lab-cache and retry")
 
 
 def cache_listing(root: Path | None = None) -> list[dict[str, Any]]:
