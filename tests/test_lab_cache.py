@@ -119,3 +119,13 @@ def test_runs_train_in_worker_processes_into_the_cache(root):
     with pytest.raises(SinklabError, match=r"a lab run failed .*seq_len must be in 8\.\.8192"):
         cache.train_in_processes([bad], 1, done.append)
     assert sorted(done) == [0, 1]  # nothing reported for the failed run
+
+
+def test_a_stuck_worker_is_stopped_at_its_deadline(root):
+    from sinklab.errors import SinklabError
+
+    cfg = preset("cpu", **TINY)
+    assert cache.run_deadline(preset("cpu", **{**TINY, "steps": 1000})) > cache.run_deadline(cfg)
+    with pytest.raises(SinklabError, match="did not finish within 0 s and was stopped"):
+        cache.train_in_processes([cfg], 1, lambda k: None, deadline=lambda c: 0.2)
+    assert cache.cached_result(cfg) is None

@@ -193,19 +193,34 @@ def clear_cache(root: Path | None = None) -> int:
     return n
 
 
+RUN_SECONDS = 600.0  # a worker's deadline: this much to start (import torch, build data) ...
+RUN_SECONDS_PER_STEP = 2.0  # ... plus this per training step (tiny runs take ~0.05 s a step)
+
+
+def run_deadline(config: TrainConfig) -> float:
+    """Seconds one worker may take before it counts as stuck: generous (a busy machine runs
+    many times slower than an idle one), scaled by the run's steps."""
+    return RUN_SECONDS + RUN_SECONDS_PER_STEP * config.steps
+
+
 def train_in_processes(
-    configs: Sequence[TrainConfig], workers: int, on_done: Callable[[int], None]
+    configs: Sequence[TrainConfig],
+    workers: int,
+    on_done: Callable[[int], None],
+    deadline: Callable[[TrainConfig], float] = run_deadline,
 ) -> None:
     """Train each of ``configs`` into the cache, ``workers`` at a time, each in a fresh
     ``python -m sinklab.lab.cache`` process on one thread (tiny models gain nothing from more;
     on a busy machine two threads spin-wait). ``on_done(k)`` is called as ``configs[k]``
-    finishes. A failed run raises SinklabError with its last line; an interrupt stops the
-    running processes (their half-written folders are hidden and never reused)."""
+    finishes. A failed run raises SinklabError with its last line, and so does a run still going
+    after ``deadline(config)`` seconds (it is stopped); an interrupt stops the running processes
+    (their half-written folders are hidden and never reused)."""
     package_root = str(Path(sinklab.__file__).resolve().parents[1])
     path = os.pathsep.join(p for p in (package_root, os.environ.get("PYTHONPATH")) if p)
     env = {**os.environ, "PYTHONPATH": path, "OMP_NUM_THREADS": "1"}
     pending = list(range(len(configs)))
     running: dict[int, tuple[subprocess.Popen, Any]] = {}
+    started: dict[int, float] = {}
     try:
         while pending or running:
             while pending and len(running) < max(1, workers):
@@ -215,9 +230,16 @@ def train_in_processes(
                 cmd = [sys.executable, "-m", "sinklab.lab.cache", blob]
                 proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=err, env=env)
                 running[k] = (proc, err)
+                started[k] = time.monotonic()
             time.sleep(0.1)
             for k, (proc, err) in list(running.items()):
                 if proc.poll() is None:
+                    limit = deadline(configs[k])
+                    if time.monotonic() - started[k] > limit:
+                        raise SinklabError(
+                            f"a lab run did not finish within {limit:.0f} s and was stopped "
+                            f"({configs[k]}); is the machine overloaded? retry with fewer workers"
+                        )
                     continue
                 del running[k]
                 err.seek(0)
@@ -230,7 +252,11 @@ def train_in_processes(
     finally:
         for proc, err in running.values():
             proc.terminate()
-            proc.wait()
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:  # a worker ignoring SIGTERM
+                proc.kill()
+                proc.wait()
             err.close()
 
 
