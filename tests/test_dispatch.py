@@ -376,28 +376,30 @@ def test_chunked_band_layers_on_two_devices():
     keys): a meta layer beside a CPU layer works, and the CPU layer's output is the one it
     gives alone."""
     from sinklab.models.rotary import rope_of
-    from sinklab.stream.band import BandState, plan_chunk
+    from sinklab.stream.band import BandState, LayerBand
 
     model = make_tiny_model("llama", n_layers=2, initializer_range=0.2)
-    rope = rope_of(model)
-    alone, mixed = BandState(rope, 2), BandState(rope, 2)
+    band = LayerBand((0, 1), 6, rope_of(model))  # 2 sinks + 6 recent, both layers alike
+    alone, mixed = BandState([band, band]), BandState([band, band])
     g = torch.Generator().manual_seed(1)
-    p0, base = 0, 0
+    base = 0
     for t0 in range(0, 40, 4):
         if t0 == 24:
             for state in (alone, mixed):
                 state.rebase(10)
             base += 10
-        plan = plan_chunk(t0, t0 + 4, p0, (0, 1), 6, base)
+        for state in (alone, mixed):
+            state.plan(t0, t0 + 4, base)
         q = torch.randn(1, 4, 4, 8, generator=g)
         k, v = _kv(g, 4)
-        alone.plan = mixed.plan = plan
         want = alone.attend(0, q, k, v, 0.35, None)
         got = mixed.attend(0, q, k, v, 0.35, None)
         far = mixed.attend(1, *(t.to("meta") for t in (q, k, v)), 0.35, None)
         torch.testing.assert_close(got, want, atol=0, rtol=0)
         assert far.device.type == "meta" and far.shape == want.shape
+        plan = mixed.plans[0]
         if t0 >= 12:  # the window has left the sinks: queries are rotated back to score them
             assert plan.sink_mask is not None and bool(plan.sink_mask.any())
-        p0 = plan.p0_next
+        for state in (alone, mixed):
+            state.advance()
     assert mixed.k[1] is not None and mixed.k[1].device.type == "meta"

@@ -24,7 +24,7 @@ from sinklab.lab.backcopy_metrics import HEAD_KEYS, backcopy_summary
 from sinklab.lab.config import TrainConfig
 from sinklab.lab.data import BOS_ID
 from sinklab.lab.model import LabConfig, LabForCausalLM, apply_rope, rope_cos_sin
-from sinklab.lab.train import train
+from sinklab.lab.train import checkpoint_steps, train
 
 
 @pytest.fixture(scope="module")
@@ -265,7 +265,8 @@ def test_backcopy_sweep_draws_one_curve_per_run_and_resumes(tmp_path):
     assert all(0 <= r["first_token_mass_nontrigger"] <= 1 for r in first.rows)
     curves = json.loads((tmp_path / "sweep_emergence.json").read_text())["runs"]
     assert set(curves) == {"L1", "L2", "L4"} and (tmp_path / "sweep_emergence.png").is_file()
-    assert curves["L4"]["step"] == [0, 1, 3]
+    assert curves["L4"]["step"] == checkpoint_steps(3, base.n_checkpoints)  # the run's schedule
+    assert curves["L4"]["step"][0] == 0 and curves["L4"]["step"][-1] == 3
     saved = json.loads((tmp_path / "L4" / "train.json").read_text())
     assert len(saved["checkpoints"][-1]["backcopy"]["per_head"]["bos_value_norm"]) == 4
     stamp = (tmp_path / "L2" / "train.json").stat().st_mtime_ns
