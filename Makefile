@@ -27,7 +27,7 @@ browser:
 	  { (apt-get update -qq && apt-get install -y -qq chromium chromium-driver >/dev/null) || \
 	    echo "warning: could not install chromium; the browser test will fail"; }
 
-# The main job: the whole report, quick sizes (about 3 minutes on 2 cores); prints the page's path.
+# The main job: the whole report, quick sizes (about 4 minutes on 2 cores); prints the page's path.
 demo: $(STAMP)
 	$(BIN)/sinklab report --quick --out sinklab-report
 

@@ -33,7 +33,11 @@ def report(
     ] = DEFAULT_OUT,
     quick: Annotated[
         bool,
-        typer.Option("--quick", help="Smaller sizes: about 3 minutes on SmolLM2 with 2 cores."),
+        typer.Option(
+            "--quick",
+            help="Smaller sizes: about 4 minutes on SmolLM2 with 2 cores (less once the lab "
+            "runs are cached).",
+        ),
     ] = False,
     stages: Annotated[
         str | None,
