@@ -27,19 +27,9 @@ from sinklab.models.loading import load_model
 from sinklab.serve.sessions import Session, SessionStore
 from sinklab.stream.cache import SinkCache
 from sinklab.stream.chat import ChatConfig, ChatSession
+from test_chat import TEMPLATE, TURNS  # the chat tests' template and turns
 
 N_SINK, WINDOW, MAX_TOKENS = 2, 30, 8
-TEMPLATE = (
-    "{% for m in messages %}<s> {{ m['role'] }} {{ m['content'] }} </s> {% endfor %}"
-    "{% if add_generation_prompt %}<s> assistant {% endif %}"
-)
-TURNS = [
-    "To be or not to be",
-    "that is the question whether tis nobler in the mind to suffer",
-    "the slings and arrows of outrageous fortune",
-    "or to take arms against a sea of troubles",
-    "and by opposing end them to die to sleep no more",
-]
 IDENTITY = {"model": "tiny", "n_sink": N_SINK, "window": WINDOW}
 
 
