@@ -4,8 +4,8 @@ Usage: python benchmarks/lab_ddp.py [--steps 50] [--rounds 3] [--preset cpu] [--
        [--arms threads,ddp] (``single``, 1 process x 1 thread, is a reference arm)
 
 Each run is its own fresh process tree, the two arms alternating A B A B ... (docs/benchmarks.md):
-``threads``: ``python -m sinklab.lab.train`` with ``OMP_NUM_THREADS=2``; ``ddp``: ``torchrun
---standalone --nproc-per-node 2 -m sinklab.lab.train`` with ``OMP_NUM_THREADS=1`` (gloo). Both
+``threads``: ``python -m sinklab train`` with ``OMP_NUM_THREADS=2``; ``ddp``: ``torchrun
+--standalone --nproc-per-node 2 -m sinklab train`` with ``OMP_NUM_THREADS=1`` (gloo). Both
 train the same global batch (the preset's), so their loss curves agree to summation order
 (``max_loss_diff``). Tokens/s = ``steps x batch_size x seq_len / run.step_seconds`` (wall time
 inside the optimizer steps, rank 0's: no tokenizer, probe or evaluation time). ``cpu_s`` is the
@@ -29,9 +29,9 @@ from pathlib import Path
 SRC = Path(__file__).resolve().parents[1] / "src"
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node"]
 ARMS = {  # arm: (threads per process, command)
-    "threads": (2, [sys.executable, "-m", "sinklab.lab.train"]),
-    "ddp": (1, [*TORCHRUN, "2", "-m", "sinklab.lab.train"]),
-    "single": (1, [sys.executable, "-m", "sinklab.lab.train"]),  # reference: 1 x 1 thread
+    "threads": (2, [sys.executable, "-m", "sinklab", "train"]),
+    "ddp": (1, [*TORCHRUN, "2", "-m", "sinklab", "train"]),
+    "single": (1, [sys.executable, "-m", "sinklab", "train"]),  # reference: 1 x 1 thread
 }
 
 

@@ -1,5 +1,5 @@
 """DDP lab training: 2 CPU processes (gloo) give the run of 1 process with the same global batch,
-spawned by ``sinklab train --nproc 2`` or started by ``torchrun -m sinklab.lab.train``."""
+spawned by ``sinklab train --nproc 2`` or started by ``torchrun -m sinklab train``."""
 
 from __future__ import annotations
 
@@ -11,12 +11,13 @@ from pathlib import Path
 
 import pytest
 
+from sinklab.cli import main as cli_main
 from sinklab.errors import SinklabError
 from sinklab.lab.config import TrainConfig
 from sinklab.lab.distributed import train_distributed
 from sinklab.lab.presets import config_from_options
 from sinklab.lab.ranks import Ranks, check_nproc
-from sinklab.lab.train import TrainResult, load_result, main, train
+from sinklab.lab.train import TrainResult, load_result, train
 from sinklab.outputs import MARKER
 
 TINY = dict(
@@ -80,8 +81,13 @@ def test_ranks_split_the_batch_and_bad_nproc_is_one_error():
 OPTIONS = dict(task="backcopy", steps=4, layers=1, heads=2, d_model=16, seq_len=16, batch_size=8)
 
 
+def main(argv: list[str]) -> int:
+    """``sinklab train ARGV`` in this process (the command torchrun starts in each rank)."""
+    return cli_main(["train", *argv])
+
+
 def test_torchrun_module_entry_equals_one_process(tmp_path):
-    """``torchrun --nproc-per-node 2 -m sinklab.lab.train ...``: each process takes its rank from
+    """``torchrun --nproc-per-node 2 -m sinklab train ...``: each process takes its rank from
     the environment; rank 0 writes a train.json equal to the one-process run's. A subprocess:
     the launcher and its environment are what is tested (~10-20 s, torch imported 3 times)."""
     config = config_from_options("cpu", **OPTIONS)
@@ -91,7 +97,7 @@ def test_torchrun_module_entry_equals_one_process(tmp_path):
     env = {**os.environ, "PYTHONPATH": src, "OMP_NUM_THREADS": "1"}
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node"]
     proc = subprocess.run(
-        [*torchrun, "2", "-m", "sinklab.lab.train", *args, "--out", str(tmp_path / "two")],
+        [*torchrun, "2", "-m", "sinklab", "train", *args, "--out", str(tmp_path / "two")],
         capture_output=True,
         text=True,
         env=env,
@@ -110,11 +116,10 @@ def test_module_entry_bad_option_or_environment_is_one_line(tmp_path, capsys, mo
         monkeypatch.delenv(var, raising=False)
     assert main(["--variant", "relu2", "--out", str(tmp_path / "x")]) == 2
     err = capsys.readouterr().err.strip()
-    assert err.startswith("error: unknown variant") and "\n" not in err
-    with pytest.raises(SystemExit) as stop:
-        main(["--steps", "x"])
+    assert err.startswith("sinklab: error: unknown variant") and "\n" not in err
+    assert main(["--steps", "x"]) == 2  # a parse error: one line too
     err = capsys.readouterr().err.strip()
-    assert stop.value.code == 2 and err.startswith("error: argument --steps") and "\n" not in err
+    assert err.startswith("sinklab: error: Invalid value for '--steps'") and "\n" not in err
     monkeypatch.setenv("WORLD_SIZE", "3")
     monkeypatch.setenv("RANK", "0")
     assert main(["--task", "backcopy", "--out", str(tmp_path / "x")]) == 2  # no MASTER_ADDR
@@ -125,6 +130,12 @@ def test_module_entry_bad_option_or_environment_is_one_line(tmp_path, capsys, mo
     monkeypatch.setenv("RANK", "3")
     assert main(["--out", str(tmp_path / "x")]) == 2
     assert not (tmp_path / "x").exists()
+    monkeypatch.setenv("RANK", "1")  # a helper rank meets rank 0's mistake and says nothing
+    assert main(["--task", "backcopy", "--out", str(tmp_path / "x")]) == 2
+    assert capsys.readouterr().err == ""
+    monkeypatch.setenv("RANK", "0")
+    assert main(["--task", "backcopy", "--sweep", "data", "--out", str(tmp_path / "x")]) == 2
+    assert "one rank of one run" in capsys.readouterr().err
     monkeypatch.setenv("RANK", "one")
     with pytest.raises(SinklabError, match="integers"):
         Ranks.from_env()

@@ -131,8 +131,15 @@ def _signals() -> tuple[list[int], dict[int, object]]:
 
 
 def _say(message: str) -> None:
-    if sys.stderr is not None:
+    if sys.stderr is not None and _lead_rank():
         print(f"sinklab: {message}", file=sys.stderr)
+
+
+def _lead_rank() -> bool:
+    """Whether this process speaks: under torchrun (``torchrun -m sinklab train``) every rank
+    meets the same mistake, and only rank 0 says it (``RANK`` unset or not a number: speak)."""
+    rank = os.environ.get("RANK", "0").strip()
+    return not rank.isdigit() or int(rank) == 0
 
 
 def _silence_stdout() -> None:

@@ -96,11 +96,12 @@ def train(
 
     Examples: sinklab train --task backcopy; sinklab train --task backcopy --sweep variants;
     sinklab train --variant softmax1 --data packed --steps 600;
-    sinklab train --preset gpu --sweep data
+    sinklab train --preset gpu --sweep data;
+    torchrun --nproc-per-node 2 -m sinklab train --task backcopy (each process one rank)
     """
     from sinklab.lab.distributed import train_distributed
     from sinklab.lab.presets import config_from_options
-    from sinklab.lab.ranks import check_nproc
+    from sinklab.lab.ranks import Ranks, check_nproc, process_group
     from sinklab.lab.summary import train_sentences
     from sinklab.lab.sweep import run_sweep
     from sinklab.lab.train import train as run_train
@@ -128,10 +129,23 @@ def train(
         device=device,
         n_triggers=n_triggers,
     )
-    check_nproc(nproc, config.batch_size)
+    # under torchrun (or another env:// launcher) this process is one rank of one run
+    ranks = Ranks.from_env() if Ranks.launched() else None
+    if ranks is not None and (sweep is not None or nproc != 1):
+        raise SinklabError(
+            "under torchrun each process is one rank of one run (the launcher starts the "
+            "processes); drop --sweep and --nproc"
+        )
+    check_nproc(nproc if ranks is None else ranks.world, config.batch_size)
     if nproc > 1 and sweep is not None:
         raise SinklabError("--nproc trains one run; drop --sweep or --nproc")
-    out = check_out(out, "train")  # one run: built aside, replaces OUT whole when it finishes
+    # one run: built aside, replaces OUT whole when it finishes. Under torchrun every rank
+    # checks: none waits for a doomed rank 0
+    out = check_out(out, "train")
+    if ranks is not None and ranks.rank != 0:  # a helper rank: trains its slices, writes nothing
+        with process_group(ranks, config.device):
+            run_train(config, ranks=ranks)
+        return
     tokens = {"unit": "tok", "scale": config.batch_size * config.seq_len}  # per step
     with progress(fmt is OutputFormat.text) as bars:
         if sweep is not None:
@@ -152,13 +166,17 @@ def train(
                 stderr.print(result.table())
                 stderr.print(f"wrote {out}/sweep.json, sweep.md, {result.figure_name}")
             return
-        with output_dir(out, "train") as folder:
-            if nproc > 1:  # no per-step progress from the worker processes
+        if nproc > 1:  # no per-step progress from the worker processes
+            with output_dir(out, "train") as folder:
                 run = train_distributed(config, folder, nproc)
-            else:
-                one = bars.callback(f"{config.variant}/{config.data}", config.steps, **tokens)
+        else:
+            one = bars.callback(f"{config.variant}/{config.data}", config.steps, **tokens)
+            with process_group(ranks or Ranks(), config.device), output_dir(out, "train") as folder:
                 run = run_train(
-                    config, folder, callback=lambda s, loss: one(s, status=f"loss {loss:.3f}")
+                    config,
+                    folder,
+                    callback=lambda s, loss: one(s, status=f"loss {loss:.3f}"),
+                    ranks=ranks,
                 )
     if fmt is OutputFormat.json:
         emit_json({"out": str(out), "val": run.val, "last": run.checkpoints[-1]})

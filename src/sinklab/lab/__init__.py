@@ -8,8 +8,8 @@
   :mod:`sinklab.lab.backcopy_metrics`: what each head does at trigger / non-trigger queries;
 * :mod:`sinklab.lab.config`: ``TrainConfig``; :mod:`sinklab.lab.presets`: ``preset`` (cpu / gpu,
   per task), ``config_from_options`` (what a command line asks for);
-* :mod:`sinklab.lab.train`: ``train`` (probe at every checkpoint), and the
-  ``python -m sinklab.lab.train`` / ``torchrun ... -m sinklab.lab.train`` entry;
+* :mod:`sinklab.lab.train`: ``train`` (probe at every checkpoint; one rank of a
+  ``torchrun ... -m sinklab train`` run);
   :mod:`sinklab.lab.summary`: a run's summary sentences;
 * :mod:`sinklab.lab.ranks`: a process's rank and its DDP process group;
   :mod:`sinklab.lab.distributed`: ``train_distributed`` (DDP over spawned local processes);

@@ -1,7 +1,7 @@
 """The configuration of one lab training run (:class:`TrainConfig`), validated on creation.
 
-Kept apart from :mod:`sinklab.lab.train` so that :mod:`sinklab.lab.presets` and the
-``python -m sinklab.lab.train`` entry build configurations without importing the trainer.
+Kept apart from :mod:`sinklab.lab.train` so that :mod:`sinklab.lab.presets` and ``sinklab
+train`` build configurations without importing the trainer.
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ the same rows one process would draw) is split into ``nproc`` equal contiguous s
 rank; DDP averages the gradients, so each step equals one process's step on the whole batch up to
 floating-point summation order. Rank 0 probes the checkpoints, evaluates and writes ``out``; the
 logged loss is the mean of the ranks' losses (the whole batch's loss). The same run under
-``torchrun --nproc-per-node N -m sinklab.lab.train`` (:func:`sinklab.lab.train.main`) shares the
+``torchrun --nproc-per-node N -m sinklab train`` (:mod:`sinklab.commands.train`) shares the
 process group (:func:`sinklab.lab.ranks.process_group`) and this split.
 """
 

@@ -1,7 +1,7 @@
 """Named defaults for :class:`sinklab.lab.config.TrainConfig`, per task: ``cpu`` (minutes on 2
 cores) and ``gpu``. :func:`preset` builds a config from one, with overrides;
-:func:`config_from_options` from a command line's options (``sinklab train`` and
-``python -m sinklab.lab.train`` take the same ones, :data:`OPTION_FIELDS`)."""
+:func:`config_from_options` from ``sinklab train``'s options (:data:`OPTION_FIELDS`; the same
+under ``torchrun ... -m sinklab train``)."""
 
 from __future__ import annotations
 

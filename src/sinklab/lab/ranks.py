@@ -1,7 +1,7 @@
 """Where a process sits in a multi-process (DDP) lab run, and its process group.
 
 Two launchers use it: ``sinklab train --nproc N`` (:mod:`sinklab.lab.distributed` spawns the
-processes) and ``torchrun --nproc-per-node N -m sinklab.lab.train`` (each process reads its place
+processes) and ``torchrun --nproc-per-node N -m sinklab train`` (each process reads its place
 from the environment, :meth:`Ranks.from_env`).
 """
 
@@ -29,6 +29,12 @@ class Ranks:
         per = batch_size // self.world
         return slice(self.rank * per, (self.rank + 1) * per)
 
+    @staticmethod
+    def launched() -> bool:
+        """Whether a launcher (torchrun, or any ``env://`` one) placed this process: ``RANK`` or
+        ``WORLD_SIZE`` is set."""
+        return "RANK" in os.environ or "WORLD_SIZE" in os.environ
+
     @classmethod
     def from_env(cls) -> Ranks:
         """The place torchrun (or any ``env://`` launcher) gives: ``RANK``, ``WORLD_SIZE``,
@@ -46,7 +52,7 @@ class Ranks:
         if world > 1 and not os.environ.get("MASTER_ADDR"):
             raise SinklabError(
                 f"WORLD_SIZE {world} but no MASTER_ADDR: start the ranks with torchrun, e.g. "
-                "torchrun --nproc-per-node 2 -m sinklab.lab.train ..."
+                "torchrun --nproc-per-node 2 -m sinklab train ..."
             )
         return cls(rank, world, local)
 

@@ -1,7 +1,7 @@
-"""The lab's summary sentences, the only ones: ``sinklab train`` and ``python -m sinklab.lab.train``
-print them. Each reads a finished run's JSON (``train.json``, :meth:`TrainResult.to_json`), so
-this module needs nothing of the trainer; a sweep's summary is its table
-(:meth:`sinklab.lab.sweep.SweepResult.table`)."""
+"""The lab's summary sentences, the only ones: ``sinklab train`` prints them (rank 0 of a
+torchrun run too). Each reads a finished run's JSON (``train.json``,
+:meth:`TrainResult.to_json`), so this module needs nothing of the trainer; a sweep's summary is
+its table (:meth:`sinklab.lab.sweep.SweepResult.table`)."""
 
 from __future__ import annotations
 

@@ -10,9 +10,9 @@ one provenance block ``meta`` of :func:`sinklab.meta.attach_meta`) and writes ``
 (``checkpoints/step-N``: weights, config, tokenizer; loadable by
 :func:`sinklab.models.loading.load_model` after :func:`sinklab.lab.register`) under ``out``.
 
-``python -m sinklab.lab.train [--preset cpu] [--task ...] [--steps N] ... --out DIR`` (the
-options of ``sinklab train`` for one run) trains from a launcher: alone, or one process per rank
-under ``torchrun --nproc-per-node N`` (DDP, :mod:`sinklab.lab.ranks`; rank 0 writes).
+``torchrun --nproc-per-node N -m sinklab train [options]`` trains one run with one process per
+rank (DDP, :mod:`sinklab.lab.ranks`; rank 0 writes): the one command line, ``sinklab train``,
+takes its place from the launcher's environment.
 """
 
 from __future__ import annotations
@@ -20,10 +20,8 @@ from __future__ import annotations
 import functools
 import logging
 import math
-import os
-import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -39,7 +37,7 @@ from sinklab.lab.config import TrainConfig
 from sinklab.lab.convergence import convergence, tail_start
 from sinklab.lab.data import LabData
 from sinklab.lab.model import LabConfig, LabForCausalLM
-from sinklab.lab.ranks import Ranks, check_nproc, process_group
+from sinklab.lab.ranks import Ranks, check_nproc
 from sinklab.meta import attach_meta, restore_non_finite, write_json_atomic
 from sinklab.models.loading import describe, file_sha256
 from sinklab.probe import ProbeConfig, probe
@@ -354,58 +352,3 @@ def write_outputs(result: TrainResult, out: Path) -> None:
     write_json_atomic(out / "train.json", result.to_json())
     plot_loss(result.loss, out / "loss.png", title=title)
     plot_sink_emergence(result.checkpoints, out / "sinks.png", title=title)
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m sinklab.lab.train``: one run with ``sinklab train``'s options, alone or as one
-    rank of ``torchrun --nproc-per-node N`` (the ranks from the environment, DDP over them, rank
-    0 writes ``--out`` and prints the summary). A bad option: one line, exit 2, on every rank,
-    before any rank waits for the others."""
-    import argparse
-
-    from sinklab.lab.presets import OPTION_FIELDS, config_from_options
-    from sinklab.lab.summary import train_sentences
-    from sinklab.outputs import check_out, output_dir
-
-    class Parser(argparse.ArgumentParser):
-        def error(self, message: str) -> None:  # one line (rank 0's), not the usage block
-            if os.environ.get("RANK", "0") == "0":
-                print(f"error: {message} (see --help)", file=sys.stderr)
-            sys.exit(2)
-
-    defaults = TrainConfig()
-    ap = Parser(
-        prog="python -m sinklab.lab.train",
-        description="Train one lab decoder (under torchrun: DDP over its processes; rank 0 "
-        "writes). The options of `sinklab train` for one run (see `sinklab train --help`).",
-    )
-    ap.add_argument("--preset", default="cpu", help="cpu (minutes on 2 cores) or gpu")
-    for name in OPTION_FIELDS:
-        ap.add_argument("--" + name.replace("_", "-"), type=type(getattr(defaults, name)))
-    ap.add_argument("--out", "-o", type=Path, default=Path("lab-runs"), help="output folder")
-    args = ap.parse_args(argv)
-    rank = 0
-    try:
-        ranks = Ranks.from_env()
-        rank = ranks.rank
-        config = config_from_options(args.preset, **{n: getattr(args, n) for n in OPTION_FIELDS})
-        check_nproc(ranks.world, config.batch_size)
-        out = check_out(args.out, "train")  # every rank checks: none waits for a doomed rank 0
-        with process_group(ranks, config.device):
-            if rank != 0:
-                train(config, ranks=ranks)
-                return 0
-            with output_dir(out, "train") as folder:
-                result = train(config, folder, ranks=ranks)
-    except SinklabError as exc:
-        if rank == 0:
-            print(f"error: {exc}", file=sys.stderr)
-        return 2
-    for line in train_sentences(result.to_json()):
-        print(line, file=sys.stderr)
-    print(f"wrote {out}/train.json", file=sys.stderr)
-    return 0
-
-
-if __name__ == "__main__":  # python -m sinklab.lab.train / torchrun ... -m sinklab.lab.train
-    sys.exit(main())
