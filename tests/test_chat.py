@@ -208,3 +208,31 @@ def test_prepend_default_is_the_template_start_not_a_second_bos(chat_model, bos_
         chat_model, tok, ChatConfig(n_sink=2, window=10, max_new_tokens=2, prepend="bos")
     )
     assert bos.first.added == (tok.bos_token_id,)
+
+
+def test_a_reply_cut_at_max_tokens_is_read_once(chat_model, chat_tokenizer):
+    """A reply cut at max_new_tokens keeps its last token sampled but unread (``pending``); the
+    next turn reads it first and not its text a second time: everything the cache read, decoded,
+    is the second turn's rendering token for token."""
+    cfg = ChatConfig(n_sink=2, window=200, max_new_tokens=3)
+    session = ChatSession(chat_model, chat_tokenizer, cfg)
+    read: list[int] = []
+    hook = chat_model.get_input_embeddings().register_forward_pre_hook(
+        lambda _m, args: read.extend(args[0][0].tolist())
+    )
+    try:
+        first = session.turn(TURNS[0])
+        assert first.new_tokens == 3 and len(session.pending) == 1  # cut, not ended
+        second = session.turn(TURNS[1])
+    finally:
+        hook.remove()
+    read += session.pending  # the second reply's last token, sampled and not read yet
+    full = chat_tokenizer.apply_chat_template(
+        [*session.messages[:-1], {"role": "assistant", "content": second.reply}],
+        tokenize=False,
+        add_generation_prompt=False,
+    )
+    want = chat_tokenizer(full, add_special_tokens=False).input_ids
+    assert read == want[: len(read)]  # no word read twice, none left out
+    assert len(read) == len(want) - 1  # all but the closing "</s>"
+    assert session.cache.stream_length() == len(read) - len(session.pending)

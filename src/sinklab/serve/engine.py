@@ -52,6 +52,7 @@ class Job:
     started: float = 0.0
     snapshot: tuple[dict[str, Any], torch.Tensor] | None = None
     ended: bool = False  # the model stopped by itself (its end token is not part of the reply)
+    cut: bool = False  # a stop string cut ``text`` (the session keeps the text as cut)
     detok: TextStream | None = None
 
 
@@ -207,7 +208,7 @@ class Engine:
             job.text += job.detok.push([], final=True)
         for stop in job.stops:
             if (at := job.text.find(stop)) >= 0:
-                job.text, finish = job.text[:at], "stop"
+                job.text, finish, job.cut = job.text[:at], "stop", True
         self._flush(job, final=finish is not None)
         return finish
 
@@ -235,7 +236,8 @@ class Engine:
         """The reply is over: commit the turn, write it, then report it done."""
         session, chat = job.session, job.session.chat
         assert job.opened is not None
-        chat.finish(job.opened, job.tokens, job.ended, time.perf_counter() - job.started)
+        cut = job.text if job.cut else None  # the session keeps the reply the client gets
+        chat.finish(job.opened, job.tokens, job.ended, time.perf_counter() - job.started, cut)
         try:
             if self.store is not None:
                 self.store.save(session, state)

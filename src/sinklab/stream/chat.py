@@ -180,13 +180,29 @@ class ChatSession:
         t = self.config.temperature if temperature is None else temperature
         return int(next_token(logits[None], t, self.gen)[0])
 
-    def finish(self, opened: Opened, tokens: list[int], ended: bool, seconds: float) -> Turn:
+    def finish(
+        self,
+        opened: Opened,
+        tokens: list[int],
+        ended: bool,
+        seconds: float,
+        cut: str | None = None,
+    ) -> Turn:
         """Close the turn ``opened``: the reply is ``tokens`` (``ended``: the model stopped by
-        itself, else its last token is sampled but not read and comes first next turn)."""
+        itself, else its last token is sampled but not read and comes first next turn).
+        ``cut``: the reply as the caller cut it at a stop string; the conversation keeps that
+        text, and the token that completed the stop string is dropped, never read."""
         reply = self.tok.decode(tokens, skip_special_tokens=True)
-        self.pending = [] if ended else tokens[-1:]
-        read = tokens if ended else tokens[:-1]
-        self.read_text = opened.full + self.tok.decode(read, skip_special_tokens=True)
+        if ended:
+            self.pending, read = [], reply
+        elif cut is not None:
+            self.pending, read = [], self.tok.decode(tokens[:-1], skip_special_tokens=True)
+        else:
+            # The pending token is read first next turn: its text counts as read now, so the
+            # next turn's new text starts after it (it is not read twice).
+            self.pending, read = tokens[-1:], reply
+        self.read_text = opened.full + read
+        reply = reply if cut is None else cut
         self.messages = [*opened.messages, {"role": "assistant", "content": reply}]
         self.turns += 1
         rate = len(tokens) / seconds if seconds > 0 else math.inf
