@@ -184,3 +184,35 @@ def test_outputs_follow_the_umask(capsys, tmp_path, tiny_model_dir):
     assert code == 0, err
     modes = {p.name: oct(p.stat().st_mode & 0o777) for p in [out, *out.iterdir()]}
     assert modes == {"out": "0o755", MARKER: "0o644", "probe.json": "0o644"}
+
+
+# the file holding each command's result (train prints a summary of train.json instead)
+RESULT_FILE = {
+    "probe": "probe.json",
+    "stream": "stream.json",
+    "ablate": "ablate.json",
+    "cost": "cost.json",
+    "generate": "generate.json",
+    "report": "results.json",
+    "claims": "claims.json",
+}
+
+
+@pytest.mark.parametrize("command", WRITERS)
+def test_format_json_prints_the_result_on_stdout(capsys, tmp_path, tiny_model_dir, command):
+    """``--format json``: stdout is one JSON document, the result the command wrote (no text,
+    no generated tokens, no paths printed around it), through the one encoder."""
+    out = tmp_path / "out"
+    code, stdout, err = run_main(
+        capsys, *_args(command, str(tiny_model_dir("llama")), out), "--format", "json"
+    )
+    assert code == 0, err
+    printed = json.loads(stdout)  # the whole of stdout: nothing before or after the JSON
+    if command == "train":
+        saved = json.loads((out / "train.json").read_text())
+        assert printed == {"out": str(out), "val": saved["val"], "last": saved["checkpoints"][-1]}
+        return
+    saved = json.loads((out / RESULT_FILE[command]).read_text())
+    if command == "report":  # and where the page is
+        assert printed.pop("index") == str(out / "index.html")
+    assert printed == saved and tuple(printed["meta"]) == META_KEYS

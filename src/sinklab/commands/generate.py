@@ -11,12 +11,15 @@ import typer
 from sinklab.commands.common import (
     DeviceOpt,
     DtypeOpt,
+    FormatOpt,
     ModelOpt,
     NSinkOpt,
+    OutputFormat,
     PrependOpt,
     SeedOpt,
     TrustOpt,
     WindowOpt,
+    emit_json,
     load,
     progress,
     stderr,
@@ -49,10 +52,11 @@ def generate(
     dtype: DtypeOpt = "float32",
     device: DeviceOpt = "cpu",
     prepend: PrependOpt = None,
+    fmt: FormatOpt = OutputFormat.text,
 ) -> None:
     """Generate with a StreamingLLM sink cache: the cache never holds more than n_sink + window
     positions, so --max-new-tokens 20000 runs in flat memory. Text goes to stdout, progress and
-    a summary to stderr.
+    a summary to stderr; --format json prints the result (its text included) as JSON instead.
 
     Example: sinklab generate --prompt "ROMEO:" --max-new-tokens 20000 --ignore-eos
     """
@@ -79,19 +83,27 @@ def generate(
     first = first_token(loaded.tokenizer, prepend)
     ids = torch.tensor(encode(text, loaded.tokenizer, first))
 
+    as_json = fmt is OutputFormat.json
+
     def on_text(piece: str) -> None:
-        sys.stdout.write(piece)
-        sys.stdout.flush()
+        if not as_json:  # json: the text comes in the result
+            sys.stdout.write(piece)
+            sys.stdout.flush()
 
     # the text is its own progress on a terminal; a bar on stderr when stdout goes to a file
-    with progress(enabled=not sys.stdout.isatty()) as bars:
+    with progress(enabled=not as_json and not sys.stdout.isatty()) as bars:
         tick = bars.callback("generating", max_new_tokens, unit="tok")
         result = run(loaded.model, loaded.tokenizer, ids, config, on_text, tick)
-    sys.stdout.write("\n")
-    if out is not None:
+    if not as_json:
+        sys.stdout.write("\n")
+    if out is not None or as_json:
         record = first.record(loaded.tokenizer, ids)
         attach_meta(result, loaded.info, None, config, result.seconds, record)
+    if out is not None:
         write_results(out, "generate", {"generate.json": result.to_json()})
+    if as_json:
+        emit_json(result.to_json())
+        return
     stderr.print(
         f"{len(result.new_tokens)} tokens, {result.tokens_per_s:.1f} tok/s, cache at most "
         f"{result.max_cache_len} positions, peak RSS {result.peak_rss_mb:.0f} MB"

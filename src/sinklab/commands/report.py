@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -10,10 +11,13 @@ import typer
 from sinklab.commands.common import (
     DeviceOpt,
     DtypeOpt,
+    FormatOpt,
     ModelOpt,
+    OutputFormat,
     PrependOpt,
     TextOpt,
     TrustOpt,
+    emit_json,
     load,
     progress,
     split_list,
@@ -59,12 +63,14 @@ def report(
     dtype: DtypeOpt = "float32",
     device: DeviceOpt = "cpu",
     prepend: PrependOpt = None,
+    fmt: FormatOpt = OutputFormat.text,
 ) -> None:
     """Run the probe, streaming perplexity and ablations, and write one self-contained page.
 
     Writes OUT/index.html (figures embedded, no network) and OUT/results.json. The report is
     built in a temporary folder and moved into place at the end: an interrupted run (Ctrl-C)
     leaves the previous report untouched. A stage that fails shows its error; the others run.
+    --format json prints results.json (and the page's path, "index") on stdout.
 
     Example: sinklab report --quick --out my-report
     """
@@ -82,7 +88,7 @@ def report(
     several = model_names(model)
     if several is not None:
         loading = (dtype, device, trust_remote_code)
-        _report_across(several, txt, text, out, chosen, config, loading, prepend)
+        _report_across(several, txt, text, out, chosen, config, loading, prepend, fmt)
         return
     loaded = load(model, dtype, device, trust_remote_code)
     config, notes = config.fit(loaded.info.max_positions, loaded.info.name)  # clamp, and say so
@@ -95,10 +101,13 @@ def report(
         *(("--trust-remote-code",) if trust_remote_code else ()),
         *(("--prepend", prepend) if prepend is not None else ()),
     )
-    with progress() as bars:
+    as_text = fmt is OutputFormat.text
+    with progress(as_text) as bars:
         tick = bars.callback("report", 1.0)  # a fraction: build_report counts estimated seconds
 
         def stage_done(r: StageResult) -> None:
+            if not as_text:
+                return
             mark = "[green]ok[/green]" if r.status == "ok" else f"[red]failed[/red]: {r.error}"
             bars.console.print(f"  {r.name}: {mark} ({r.seconds:.1f} s)", highlight=False)
 
@@ -116,6 +125,9 @@ def report(
             on_stage=stage_done,
             notes=notes,
         )
+    if not as_text:
+        emit_json({"index": str(result.index), **result.data})
+        return
     for sentence in result.data["summary"]:
         stderr.print(f"  • {sentence}", highlight=False, soft_wrap=True)
     failed = [r for r in result.results if r.status != "ok"]
@@ -135,6 +147,7 @@ def _report_across(
     config: Any,
     loading: tuple[str, str, bool],
     prepend: str | None = None,
+    fmt: OutputFormat = OutputFormat.text,
 ) -> None:
     """``--model a,b,c``: one full report per model in ``out/<model>/``, one model in memory at
     a time, and an index page with the claims across models (:mod:`sinklab.report.across`).
@@ -157,7 +170,7 @@ def _report_across(
             stderr.print(note, highlight=False, soft_wrap=True)
         return loaded, notes, fitted
 
-    with progress() as bars:
+    with progress(fmt is OutputFormat.text) as bars:
 
         def build(folder: Path, loaded: Any, notes: list[str], fitted: Any, name: str) -> Any:
             tick = bars.callback(f"report {name}", 1.0)
@@ -179,6 +192,10 @@ def _report_across(
             )
 
         index, reports = build_across(names, load_one, out=out, build=build)
+    if fmt is OutputFormat.json:
+        written = json.loads((out / "results.json").read_text(encoding="utf-8"))  # just written
+        emit_json({"index": str(index), **written})
+        return
     for name, rep in reports:
         ok = sum(r.status == "ok" for r in rep.results)
         stderr.print(f"{name}: {ok}/{len(rep.results)} stages ok in {rep.seconds:.0f} s")

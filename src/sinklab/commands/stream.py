@@ -11,13 +11,16 @@ import typer
 from sinklab.commands.common import (
     DeviceOpt,
     DtypeOpt,
+    FormatOpt,
     ModelOpt,
     NSinkOpt,
+    OutputFormat,
     PrependOpt,
     TextOpt,
     TrustOpt,
     WindowOpt,
     check_positions,
+    emit_json,
     load,
     progress,
     split_list,
@@ -89,6 +92,7 @@ def stream(
         ),
     ] = None,
     prepend: PrependOpt = None,
+    fmt: FormatOpt = OutputFormat.text,
 ) -> None:
     """Streaming perplexity, StreamingLLM's protocol: read one token, score the next, evict.
 
@@ -132,7 +136,7 @@ def stream(
     ids = token_stream(txt, loaded.tokenizer, tokens, first)
     # run: one bar per policy, its rate in scored targets a second (the oracle: every K-th)
     start = time.perf_counter()
-    with progress() as bars:
+    with progress(fmt is OutputFormat.text) as bars:
         each = {
             p: bars.callback(
                 f"{p} ({chosen})", tokens - 1, unit="tok", scale=1 / config.scored_every(p)
@@ -147,6 +151,9 @@ def stream(
     written = write_results(
         out, "stream", {"stream.json": data}, lambda folder: run.write_figures(data, folder)
     )
+    if fmt is OutputFormat.json:
+        emit_json(data)
+        return
     for line in [method_line(data), *policy_lines(data), collapse_sentence(data)]:
         if line:
             stderr.print(line, highlight=False)
