@@ -414,6 +414,37 @@ def test_non_finite_numbers_are_null_with_the_reason_beside_them(tmp_path):
     assert back["curve"] == [1.0, -math.inf]
 
 
+def test_non_finite_numbers_without_a_table_are_refused_not_dropped(tmp_path):
+    """A top-level list or number has no table for the non_finite entries: refused, and no file
+    is written (before, the NaN became a bare null with nothing saying what it was)."""
+    for data in ([1.0, math.nan], math.inf, [[-math.inf]]):
+        with pytest.raises(ValueError, match="no table to hold"):
+            dumps_json(data)
+        with pytest.raises(ValueError, match="wrap the value in a dict"):
+            write_json_atomic(tmp_path / "r.json", data)
+    assert not (tmp_path / "r.json").exists()
+    # finite lists, and lists whose non-finite numbers sit in a table, are written as before
+    assert _strict_loads(dumps_json([1.0, {"ppl": math.nan}])) == [
+        1.0,
+        {"ppl": None, NON_FINITE: {"/ppl": "NaN"}},
+    ]
+
+
+def test_a_payload_key_named_non_finite_is_refused_and_a_table_is_kept(tmp_path):
+    """``non_finite`` is reserved: a payload's own key of that name is refused (before, it was
+    overwritten by the table, or read back as one and dropped); json_ready's own output written
+    again keeps its table, merged with new entries, and reads back to the same numbers."""
+    for bad in ({"non_finite": 3, "ppl": math.nan}, {"rows": [{"non_finite": "yes"}]}):
+        with pytest.raises(ValueError, match="'non_finite' is reserved"):
+            dumps_json(bad)
+    once = _strict_loads(dumps_json({"ppl": math.nan, "rates": [1.0, math.inf]}))
+    again = _strict_loads(dumps_json({**once, "loss": -math.inf}))
+    assert again[NON_FINITE] == {"/ppl": "NaN", "/rates/1": "Infinity", "/loss": "-Infinity"}
+    back = restore_non_finite(again)
+    assert math.isnan(back["ppl"]) and back["rates"] == [1.0, math.inf]
+    assert back["loss"] == -math.inf and NON_FINITE not in back
+
+
 def test_claims_on_a_lab_run_holding_nan_writes_strict_json(capsys, tmp_path):
     """A lab run whose damage is NaN (written by another tool, bare NaN and all): claims.json
     and --format json are strict JSON, the NaN a null with its reason beside it."""

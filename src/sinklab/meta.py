@@ -95,9 +95,29 @@ def json_ready(data: Any, unknown: Callable[[Any], Any] | None = None) -> Any:
     what it was, so nothing is lost and any parser reads the file (:func:`restore_non_finite`
     undoes it). A stage's JSON inside the report's ``results.json`` is therefore written exactly
     as its own command writes it. Arrays and tensors (``tolist``), dataclasses and paths are
-    converted too; any other object goes through ``unknown`` (TypeError without one)."""
-    ready, _ = _strict(data, unknown)
+    converted too; any other object goes through ``unknown`` (TypeError without one).
+
+    Nothing is dropped silently. ``non_finite`` is reserved: a table's key of that name must
+    hold such a table (json_ready's own output, written again: its entries are kept, merged with
+    the new ones), else ValueError. A non-finite number with no table to hold its entry (``data``
+    itself a number, or a list holding one outside any table) is a ValueError too: wrap ``data``
+    in a dict."""
+    ready, found = _strict(data, unknown)
+    if found:
+        where = ", ".join(sorted(found)[:3]) or "the value itself"
+        raise ValueError(
+            f"non-finite numbers at {where} of a top-level {type(data).__name__} have no table "
+            f"to hold their {NON_FINITE!r} entry; wrap the value in a dict"
+        )
     return ready
+
+
+def _is_table(value: Any) -> bool:
+    """Whether ``value`` is a :data:`NON_FINITE` table (pointer -> a name in ``_VALUES``)."""
+    return isinstance(value, dict) and all(
+        isinstance(k, str) and (k == "" or k.startswith("/")) and v in _VALUES
+        for k, v in value.items()
+    )
 
 
 def _strict(obj: Any, unknown: Any) -> tuple[Any, dict[str, str]]:
@@ -111,8 +131,18 @@ def _strict(obj: Any, unknown: Any) -> tuple[Any, dict[str, str]]:
     if isinstance(obj, dict):
         out, found = {}, {}
         for k, v in obj.items():
+            if k == NON_FINITE:
+                if not _is_table(v):
+                    raise ValueError(
+                        f"the key {NON_FINITE!r} is reserved for the table of the non-finite "
+                        f"numbers beside it (this one holds a {type(v).__name__} that is not "
+                        "one); rename that key"
+                    )
+                continue  # an earlier json_ready's table: merged below
             out[k], inner = _strict(v, unknown)
             found.update({f"/{_pointer(k)}{w}": what for w, what in inner.items()})
+        if NON_FINITE in obj:
+            found = {**obj[NON_FINITE], **found}
         if found:
             out[NON_FINITE] = found
         return out, {}
