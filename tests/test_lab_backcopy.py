@@ -16,6 +16,9 @@ from sinklab.lab.backcopy import (
     N_SPECIAL,
     BackcopyConfig,
     BackcopyData,
+    BigramTable,
+    _cdf,
+    _draw,
     bigram_table,
     char_tokenizer,
     sample,
@@ -273,6 +276,25 @@ def test_backcopy_sweep_draws_one_curve_per_run_and_resumes(tmp_path):
     assert run_sweep("depth", base, tmp_path).rows == first.rows
     assert (tmp_path / "L2" / "train.json").stat().st_mtime_ns == stamp
     assert "first_token_mass_nontrigger" in (tmp_path / "sweep.md").read_text()
+
+
+def test_a_row_with_no_probability_mass_is_an_error_not_the_last_index():
+    gen = torch.Generator().manual_seed(0)
+    probs = torch.tensor([[0.25, 0.75, 0.0], [0.0, 0.0, 0.0], [math.nan, 0.5, 0.5]])
+    with pytest.raises(ValueError, match=r"row\(s\) \[1, 2\] of 3"):
+        _draw(_cdf(probs), gen)
+    drawn = _draw(_cdf(probs[:1].expand(2000, 3)), gen)  # a zero-probability index: never
+    assert set(drawn.tolist()) == {0, 1} and abs(float(drawn.float().mean()) - 0.75) < 0.05
+    # a table whose character "b" has no successors: sampling reaches it and says so (before,
+    # every "b" was followed by the last character, silently)
+    v = N_SPECIAL + 3  # characters a, b, c
+    transition = torch.zeros(v, v)
+    transition[N_SPECIAL, N_SPECIAL + 1] = 1.0  # a -> b; b -> nothing; c -> a
+    transition[N_SPECIAL + 2, N_SPECIAL] = 1.0
+    unigram = torch.tensor([0.0] * N_SPECIAL + [0.5, 0.0, 0.5])
+    table = BigramTable(("a", "b", "c"), unigram, transition, (N_SPECIAL + 2,))
+    with pytest.raises(ValueError, match="no probability mass"):
+        sample(table, 4, 6, bos=True, generator=gen)
 
 
 def test_backcopy_config_errors():

@@ -118,7 +118,16 @@ def _cdf(probs: Tensor) -> Tensor:
 
 def _draw(cdf: Tensor, generator: torch.Generator) -> Tensor:
     """One index per row of ``cdf`` (n, V) by inverse transform: the first index whose
-    cumulative probability exceeds a uniform draw (a zero-probability index is never chosen)."""
+    cumulative probability exceeds a uniform draw (a zero-probability index is never chosen).
+    A row with no probability mass (all zero, or NaN) has nothing to draw: ValueError (the
+    tables never hold one; a silent pick of the last index would hide the bug that made it)."""
+    empty = ~(cdf[:, -1] > 0)  # (n,): _cdf's non-empty rows end at exactly 1
+    if empty.any():
+        rows = empty.nonzero()[:, 0].tolist()
+        raise ValueError(
+            f"no probability mass to draw from in row(s) {rows[:5]} of {cdf.shape[0]} "
+            "(all zero or NaN)"
+        )
     u = torch.rand(cdf.shape[0], 1, generator=generator, dtype=torch.float64)
     return torch.searchsorted(cdf, u, right=True)[:, 0].clamp_max(cdf.shape[-1] - 1)
 
