@@ -166,3 +166,22 @@ def test_sweep_resumes_finished_runs_and_retrains_changed_ones(tmp_path):
     (tmp_path / "packed" / "train.json").write_text("{not json")
     assert load_result(tmp_path / "packed") is None
     assert load_result(tmp_path / "nowhere") is None
+
+
+def test_sweep_md_is_written_atomically(tmp_path):
+    """A sweep's outputs are rewritten when it resumes: a failure while writing sweep.md (here a
+    run name UTF-8 cannot encode) leaves the previous sweep.md whole (before: truncated), and
+    no temporary file behind."""
+    from sinklab.lab.sweep import COLUMNS, SweepResult, write_outputs
+
+    def sweep(name: str) -> SweepResult:
+        row = {c: 0.5 for c in COLUMNS} | {"name": name, "seconds": 1.0}
+        return SweepResult("variants", TrainConfig(steps=2), [row], swept="variant")
+
+    write_outputs(sweep("softmax"), tmp_path, [])
+    before = (tmp_path / "sweep.md").read_text(encoding="utf-8")
+    assert "| softmax | 0.500 |" in before
+    with pytest.raises(UnicodeEncodeError):
+        write_outputs(sweep("bad\ud800name"), tmp_path, [])
+    assert (tmp_path / "sweep.md").read_text(encoding="utf-8") == before
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".")) == []

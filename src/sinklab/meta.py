@@ -214,7 +214,14 @@ def write_json_atomic(path: Path, data: Any) -> Path:
 
     The file follows the user's umask like any other (``mkstemp`` alone would make it 0600).
     """
-    text = dumps_json(data) + "\n"  # before any file exists: an unserialisable value writes none
+    # serialised before any file exists: an unserialisable value writes none
+    return write_text_atomic(path, dumps_json(data) + "\n")
+
+
+def write_text_atomic(path: Path, text: str) -> Path:
+    """Write ``text`` (UTF-8) to ``path`` via a temporary file beside it and a rename: a crash
+    or an error mid-write leaves the previous file (or none), never half a file. The file
+    follows the user's umask like any other."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
     try:

@@ -22,7 +22,7 @@ from sinklab.lab.config import TASK_DATA, TrainConfig
 from sinklab.lab.data import LabData
 from sinklab.lab.model import LAB_VARIANTS
 from sinklab.lab.train import EPS, TrainResult, corpus_text, load_result, train
-from sinklab.meta import attach_meta, write_json_atomic
+from sinklab.meta import attach_meta, write_json_atomic, write_text_atomic
 from sinklab.outputs import output_dir
 from sinklab.probe.spec import rate_key
 
@@ -182,7 +182,7 @@ def write_outputs(sweep: SweepResult, out: Path, results: list[TrainResult]) -> 
     fixed = "data " + b.data if sweep.kind == "variants" else "variant " + b.variant
     title = f"{b.task} {sweep.kind} ({fixed}, {b.steps} steps, seed {b.seed})"
     write_json_atomic(out / "sweep.json", sweep.to_json())
-    (out / "sweep.md").write_text(f"# sweep: {title}\n\n{sweep.table()}\n", encoding="utf-8")
+    write_text_atomic(out / "sweep.md", f"# sweep: {title}\n\n{sweep.table()}\n")
     if b.task == "backcopy":
         curves = {r["name"]: res.checkpoints for r, res in zip(sweep.rows, results, strict=True)}
         plot_emergence_curves(curves, out / sweep.figure_name, title=title)
