@@ -94,3 +94,45 @@ def test_the_report_bar_shows_a_percentage(tiny_model_dir, tmp_path, capsys, ter
     screen = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", terminal.getvalue())
     bars = [ln for ln in screen.splitlines() if ln.startswith("report")]
     assert bars and "100%" in bars[-1] and "/20" not in screen
+
+
+def test_report_stages_and_claims_speak_the_one_progress_protocol(tmp_path, tiny_model_dir):
+    """A stage reports ``ctx.progress(done, total, note)`` in its own units; the report turns it
+    into its estimated seconds, ``(done, total, "stage i/n: name note")``, never going back."""
+    from sinklab.corpus import load_text
+    from sinklab.models.loading import load_model
+    from sinklab.progress import counter
+    from sinklab.report.build import build_report
+    from sinklab.report.stages import ReportConfig, Stage, StageOutput
+
+    def run(ctx):
+        for i in range(1, 5):
+            ctx.progress(i, 4, f"part {i}")
+        return StageOutput(json={"ok": True})
+
+    stages = [
+        Stage(name, name, "", lambda c, s=seconds: s, lambda c: {}, lambda c: [], run)
+        for name, seconds in (("a", 3.0), ("b", 1.0))
+    ]
+    seen: list[tuple[float, float, str]] = []
+    loaded = load_model(str(tiny_model_dir("llama")))
+    build_report(
+        loaded,
+        load_text("shakespeare:hamlet"),
+        out=tmp_path / "r",
+        stages=stages,
+        config=ReportConfig.preset(True),
+        model_spec="tiny",
+        text_spec="shakespeare:hamlet",
+        callback=lambda done, total, note: seen.append((done, total, note)),
+    )
+    assert {total for _, total, _ in seen} == {4.0}
+    done = [d for d, _, _ in seen]
+    assert done == sorted(done) and done[-1] == 4.0
+    assert (1.5, 4.0, "stage 1/2: a part 2") in seen and (3.0, 4.0, "stage 1/2: a ok") in seen
+    assert (3.5, 4.0, "stage 2/2: b part 2") in seen
+    ticks: list[tuple[float, float, str]] = []
+    tick = counter(lambda d, t, n: ticks.append((d, t, n)), 3)  # claims' steps, counted
+    tick("probe")
+    tick("stream")
+    assert ticks == [(1, 3, "probe"), (2, 3, "stream")]

@@ -16,3 +16,20 @@ Progress = Callable[[float, float, str], None]
 
 def quiet(done: float, total: float, note: str = "") -> None:
     """A :data:`Progress` that shows nothing (the default of a library call)."""
+
+
+Tick = Callable[[str], None]
+"""One more step of a counted run done, ``note`` naming it (what a run's parts call; the run
+turns the count into :data:`Progress` with :func:`counter`)."""
+
+
+def counter(progress: Progress, total: float) -> Tick:
+    """A :data:`Tick` that reports each call as one more of ``total`` steps to ``progress``."""
+    done = 0
+
+    def tick(note: str = "") -> None:
+        nonlocal done
+        done += 1
+        progress(done, total, note)
+
+    return tick

@@ -41,12 +41,11 @@ from sinklab.claims.rules import (
 from sinklab.claims.validity import lab_verdict, stated
 from sinklab.corpus import Text, check_token_spec, first_token, load_text, token_windows
 from sinklab.errors import SinklabError
+from sinklab.progress import Progress, counter, quiet
 
 log = logging.getLogger(__name__)
 
 DEFAULT_TEXTS = ("shakespeare:hamlet", "shakespeare:macbeth", "shakespeare:othello")
-#: callback(done, total, label)
-ClaimsCallback = Callable[[int, int, str], None]
 _GROUPS = {  # measurement group -> the claims it measures (one pass over the samples each)
     "probe": ("first-token-sinks", "sink-value-small", "sink-output-small"),
     "stream": ("evict-sinks-collapse",),
@@ -321,13 +320,13 @@ def run_claims(
     *,
     samples: Sequence[Sample] | None = None,
     max_positions: int | None = None,
-    callback: ClaimsCallback | None = None,
+    callback: Progress = quiet,
 ) -> ClaimsResult:
     """Measure the wanted claims and decide each by the rule of docs/claims.md.
 
-    ``samples`` overrides the text windows (``[(name, ids (T,))]``); ``callback(done, total,
-    label)`` counts (group, sample) steps. Model claims need ``model``; lab claims read
-    ``config.lab``; the cost claim needs neither.
+    ``samples`` overrides the text windows (``[(name, ids (T,))]``); ``callback`` (the one
+    :data:`~sinklab.progress.Progress`) counts (group, sample) steps, cost seeds and lab runs.
+    Model claims need ``model``; lab claims read ``config.lab``; the cost claim needs neither.
     """
     config = _cap(config or ClaimsConfig(), max_positions)
     wanted = config.wanted()
@@ -339,14 +338,7 @@ def run_claims(
     samples = list(samples or [])
     total = len(groups) * len(samples) + (config.cost_seeds if "sink-cheaper" in wanted else 0)
     total += len(config.lab_plan.configs()) if config.trains_lab else 0
-    done = 0
-
-    def tick(label: str) -> None:
-        nonlocal done
-        done += 1
-        if callback is not None:
-            callback(done, total, label)
-
+    tick = counter(callback, total)
     measured: dict[str, Measurement] = {}
     seconds: dict[str, float] = {}
     runners: dict[str, Callable[[], dict[str, Measurement]]] = {

@@ -12,15 +12,12 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
 from sinklab.claims.measure_lab import LabRun
 from sinklab.errors import SinklabError
-
-#: callback(label): one call per run done (trained or reused)
-RunCallback = Callable[[str], None]
+from sinklab.progress import Tick
 
 
 @dataclass(frozen=True)
@@ -94,7 +91,7 @@ LAB_WORKERS = 2  # runs trained side by side, one process and one thread each (2
 
 
 def train_lab_runs(
-    plan: LabPlan, callback: RunCallback | None = None, workers: int = LAB_WORKERS
+    plan: LabPlan, tick: Tick | None = None, workers: int = LAB_WORKERS
 ) -> tuple[list[LabRun], dict[str, Any]]:
     """Train (or reuse from the cache) every run of ``plan``; the runs and what was done:
     ``trained`` / ``reused`` counts, ``seconds``, ``workers``, the ``cache`` folder and the
@@ -111,8 +108,8 @@ def train_lab_runs(
         if prior is None:
             return False
         found[i] = LabRun.from_json(prior.to_json(), prior.out)
-        if callback is not None:
-            callback(found[i].label)
+        if tick is not None:  # one per run done (trained or reused)
+            tick(found[i].label)
         return True
 
     missing = [i for i in range(len(configs)) if not take(i)]

@@ -29,6 +29,7 @@ from sinklab.lab.convergence import (
     trajectory,
 )
 from sinklab.meta import restore_non_finite
+from sinklab.progress import Tick
 from sinklab.safeio import read_json
 
 log = logging.getLogger(__name__)
@@ -423,7 +424,7 @@ def measure_lab(folder: Path | None, wanted: Iterable[str]) -> dict[str, Measure
     return measure_lab_runs(runs, wanted, {"lab": str(folder)})
 
 
-def measure_cost(cfg: Any, tick: Callable[[str], None]) -> dict[str, Measurement]:
+def measure_cost(cfg: Any, tick: Tick) -> dict[str, Measurement]:
     """sink-cheaper: ``sinklab cost`` once per seed; exponent(diagonal) - exponent(sink) of the
     total Frobenius norm."""
     from sinklab.lab.cost import CostConfig, run_cost

@@ -10,7 +10,7 @@ eviction) gives a Measurement with no samples and the reason.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -19,9 +19,9 @@ from torch import Tensor, nn
 
 from sinklab.claims.effects import first_token_cosine_effect
 from sinklab.models.arch import model_shape
+from sinklab.progress import Tick
 
 Sample = tuple[str, Tensor]  # (name, ids (T,))
-Tick = Callable[[str], None]  # called once per (claim group, sample) done
 
 
 @dataclass

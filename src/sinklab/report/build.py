@@ -23,12 +23,11 @@ from sinklab.errors import SinklabError
 from sinklab.meta import attach_meta, versions, write_json_atomic
 from sinklab.models.loading import LoadedModel
 from sinklab.outputs import check_out, output_dir
+from sinklab.progress import Progress, quiet
 from sinklab.report.html import render_page
 from sinklab.report.stages import ReportConfig, Stage, StageContext, StageResult, run_stage
 from sinklab.report.summary import headline
 
-# (estimated seconds done, estimated seconds in all, "stage i/n: name - note")
-ReportCallback = Callable[[float, float, str], None]
 COMMAND = "report"  # the marker name a previous report carries (see sinklab.outputs)
 
 
@@ -75,7 +74,7 @@ def build_report(
     config: ReportConfig,
     model_spec: str,
     text_spec: str,
-    callback: ReportCallback | None = None,
+    callback: Progress = quiet,
     on_stage: Callable[[StageResult], None] | None = None,
     notes: Sequence[str] = (),
     model_options: Sequence[str] = (),
@@ -83,7 +82,8 @@ def build_report(
 ) -> Report:
     """Run ``stages`` in order on ``loaded`` and write the report to ``out`` (atomically).
 
-    ``callback(done, total, label)`` reports progress in estimated seconds; ``on_stage(result)``
+    ``callback`` (:data:`~sinklab.progress.Progress`) counts estimated seconds, its note
+    ``stage i/n: name note``; ``on_stage(result)``
     is called as each stage finishes; ``notes`` (e.g. sizes clamped to the model) lead the
     summary; ``model_options`` (``--dtype``, ``--device``, ``--prepend``, ... as given) go on
     every section's reproduce command; ``prepend``: the first token of every sequence
@@ -119,7 +119,7 @@ def _build_in(
     config: ReportConfig,
     model_spec: str,
     text_spec: str,
-    callback: ReportCallback | None,
+    callback: Progress,
     on_stage: Callable[[StageResult], None] | None,
     final_out: Path,
     notes: Sequence[str] = (),
@@ -133,19 +133,21 @@ def _build_in(
     be written inside an output)."""
     start = time.perf_counter()
     costs = [max(0.1, float(s.cost(config))) for s in stages]
-    total = sum(costs)
+    budget = sum(costs)  # estimated seconds
     shared: dict[str, Any] = {}
     results: list[StageResult] = []
-    done = 0.0
+    spent = 0.0
     for i, (stage, cost) in enumerate(zip(stages, costs, strict=True)):
         label = f"stage {i + 1}/{len(stages)}: {stage.name}"
 
-        def progress(fraction: float, note: str = "", _base=done, _cost=cost, _label=label) -> None:
-            if callback is not None:
-                frac = min(1.0, max(0.0, float(fraction)))
-                callback(_base + frac * _cost, total, f"{_label} {note}".rstrip())
+        # the stage's own progress (done of total units of its work), in the report's seconds
+        def progress(
+            done: float, total: float, note: str = "", _base=spent, _cost=cost, _label=label
+        ) -> None:
+            frac = min(1.0, max(0.0, float(done) / total)) if total > 0 else 0.0
+            callback(_base + frac * _cost, budget, f"{_label} {note}".rstrip())
 
-        progress(0.0)
+        progress(0, 1)
         figures = tmp / "figures" / stage.name
         figures.mkdir(parents=True, exist_ok=True)
         ctx = StageContext(
@@ -165,8 +167,8 @@ def _build_in(
         results.append(run_stage(stage, ctx))
         if on_stage is not None:
             on_stage(results[-1])
-        done += cost
-        progress(1.0, results[-1].status)
+        spent += cost
+        progress(1, 1, results[-1].status)
     if results and all(r.status != "ok" for r in results):
         first = results[0]
         kept = "the previous report is as it was" if final_out.exists() else "no report written"

@@ -15,6 +15,7 @@ from typing import Any
 from sinklab.errors import SinklabError
 from sinklab.meta import attach_meta
 from sinklab.probe.metrics import top_heads
+from sinklab.progress import Progress
 from sinklab.report.stages import (
     Cell,
     FigureSpec,
@@ -52,9 +53,11 @@ def _probe_config(ctx: StageContext) -> Any:
     return ProbeConfig(q0=ctx.config.q0, eps=ctx.config.thresholds)
 
 
-def _layer_progress(ctx: StageContext):
-    def callback(done: int, total: int, *_label: str) -> None:
-        ctx.progress(done / max(1, total), f"layer {done}/{total}")
+def _layer_progress(ctx: StageContext) -> Progress:
+    """The stage's progress, noted by layer (``layer 3/30``)."""
+
+    def callback(done: float, total: float, note: str = "") -> None:
+        ctx.progress(done, total, f"layer {done:.0f}/{total:.0f}")
 
     return callback
 

@@ -71,7 +71,7 @@ def _run(name: str):
             ctx.loaded.model,
             ctx.loaded.tokenizer,
             ids,
-            lambda done, total, note: ctx.progress(done / max(1, total), note),
+            ctx.progress,
         )
         seconds = time.perf_counter() - start
         record = ctx.first_record(ids)

@@ -98,15 +98,12 @@ def _run(ctx: StageContext) -> StageOutput:
     loaded, start = ctx.loaded, time.perf_counter()
     texts = config.read_texts()
 
-    def callback(done: int, total: int, label: str) -> None:
-        ctx.progress(done / max(1, total), label)
-
     result = run_claims(
         loaded.model,
         loaded.tokenizer,
         config,
         max_positions=loaded.info.max_positions,
-        callback=callback,
+        callback=ctx.progress,
     )
     seconds, record = time.perf_counter() - start, result.run.get("first_token")
     attach_meta(result, loaded.info, texts, config, seconds, record)

@@ -69,7 +69,7 @@ def _run(ctx: StageContext) -> StageOutput:
     result = run.run(
         ctx.loaded.model,
         ids,
-        lambda done, total, note: ctx.progress(done / max(total, 1e-9), note),
+        ctx.progress,
     )
     seconds = time.perf_counter() - start
     attach_meta(result, ctx.loaded.info, ctx.text, run.params(), seconds, ctx.first_record(ids))

@@ -32,8 +32,8 @@ from sinklab.outputs import place_error
 from sinklab.parsing import parse_int_list
 from sinklab.probe.metrics import nan_mean
 from sinklab.probe.spec import DEFAULT_EPS
+from sinklab.progress import Progress, quiet
 
-Progress = Callable[[float, str], None]  # (fraction of this stage done in [0, 1], short note)
 JsonPath = tuple[str | int, ...]
 AGGREGATES = ("mean", "max", "argmax", "count:VALUE")
 
@@ -234,7 +234,7 @@ class StageContext:
     model_spec: str  # what the user passed as --model
     config: ReportConfig
     figures_dir: Path
-    progress: Progress = lambda fraction, note="": None
+    progress: Progress = quiet  # this stage's work: (done, total, note)
     shared: dict[str, Any] = field(default_factory=dict)  # results earlier stages leave for later
     model_options: tuple[str, ...] = ()  # how the model was loaded: --dtype, --device, ...
     prepend: str | None = None  # --prepend as given (None: the tokenizer's own first token)
