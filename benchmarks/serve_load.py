@@ -315,6 +315,33 @@ def soak(args: argparse.Namespace, texts: list[str]) -> dict:
     }
 
 
+def summarise(rounds: list[list[dict]], plan: list[tuple[str, int]]) -> dict[str, dict]:
+    """Medians over rounds per arm (``"N"`` for sinklab, ``"llama.cpp/N"``), sinklab's speed-up
+    over one client, and sinklab's tokens/s over llama.cpp's at the same N. An arm that produced
+    no tokens (every reply empty) gives no ratio (None), never a division by zero."""
+    arms: dict[str, dict] = {}
+    for engine, n in plan:
+        runs = [a for rnd in rounds for a in rnd if a["clients"] == n and a["engine"] == engine]
+        if not runs:
+            continue
+        keys = [
+            k
+            for k in runs[0]
+            if isinstance(runs[0][k], float | int) and k != "clients" and runs[0][k] is not None
+        ]
+        name = str(n) if engine == "sinklab" else f"llama.cpp/{n}"
+        arms[name] = {k: statistics.median(a[k] for a in runs if a[k] is not None) for k in keys}
+    one = arms.get("1", {}).get("tokens_per_s")
+    for name, a in arms.items():
+        if "/" not in name:
+            a["speedup_vs_1"] = round(a["tokens_per_s"] / one, 2) if one else None
+        elif name.split("/")[1] in arms:  # sinklab / llama.cpp at the same N, same round set
+            theirs = a["tokens_per_s"]
+            ours = arms[name.split("/")[1]]["tokens_per_s"]
+            a["sinklab_over_llama_cpp"] = round(ours / theirs, 3) if theirs else None
+    return arms
+
+
 def main(argv: list[str] | None = None) -> dict:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--clients", default="1,4,8,16")
@@ -362,24 +389,7 @@ def main(argv: list[str] | None = None) -> dict:
             rounds[-1].append(load_arm(n, args, texts, engine))
             if args.out:  # each arm as it ends: a run cut short keeps what it measured
                 write_json_atomic(args.out.with_suffix(".partial.json"), {"rounds": rounds})
-    arms: dict[str, dict] = {}
-    for engine, n in plan:
-        runs = [a for rnd in rounds for a in rnd if a["clients"] == n and a["engine"] == engine]
-        keys = [
-            k
-            for k in runs[0]
-            if isinstance(runs[0][k], float | int) and k != "clients" and runs[0][k] is not None
-        ]
-        name = str(n) if engine == "sinklab" else f"llama.cpp/{n}"
-        arms[name] = {k: statistics.median(a[k] for a in runs if a[k] is not None) for k in keys}
-    one = arms.get("1", {}).get("tokens_per_s")
-    for name, a in arms.items():
-        if "/" not in name:
-            a["speedup_vs_1"] = round(a["tokens_per_s"] / one, 2) if one else None
-        elif name.split("/")[1] in arms:  # sinklab / llama.cpp at the same N, same round set
-            a["sinklab_over_llama_cpp"] = round(
-                arms[name.split("/")[1]]["tokens_per_s"] / a["tokens_per_s"], 3
-            )
+    arms = summarise(rounds, plan)
 
     out = {
         "benchmark": "serve_load",
