@@ -84,10 +84,20 @@ def worker(arm: str, n: int, model: str, threads: int) -> dict[str, Any]:
     return out
 
 
-def run_child(arm: str, n: int, threads: int, model: str, timeout: float) -> dict[str, Any]:
+#: ``--malloc fixed``: glibc returns every block over 128 KiB to the system when it is freed
+#: (a fixed mmap threshold instead of its dynamic one, which grows to 32 MiB and keeps freed
+#: blocks in the heap). Peak RSS then tracks the memory a run really holds at once, not what the
+#: allocator kept; every large allocation pays its page faults, so wall times rise.
+FIXED_MALLOC = {"MALLOC_MMAP_THRESHOLD_": "131072", "MALLOC_TRIM_THRESHOLD_": "131072"}
+
+
+def run_child(
+    arm: str, n: int, threads: int, model: str, timeout: float, malloc: str = "default"
+) -> dict[str, Any]:
     cmd = [sys.executable, __file__, "--worker", arm, str(n), model, str(threads)]
+    env = {**os.environ, **(FIXED_MALLOC if malloc == "fixed" else {})}
     try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
     except subprocess.TimeoutExpired:
         return {"error": f"timeout after {timeout:.0f}s"}
     if proc.returncode != 0:
@@ -134,6 +144,13 @@ def main() -> None:
     ap.add_argument("--mem-limit-gb", type=float, default=12.0)
     ap.add_argument("--timeout", type=float, default=1800.0)
     ap.add_argument("--out", default=None, help="also write the JSON here")
+    ap.add_argument(
+        "--malloc",
+        choices=("default", "fixed"),
+        default="default",
+        help="fixed: a fixed glibc mmap threshold in the workers (peak RSS without the "
+        "allocator's retention; see FIXED_MALLOC)",
+    )
     args = ap.parse_args()
     arms = args.arms.split(",")
     if unknown := [a for a in arms if a not in ARMS]:
@@ -144,7 +161,9 @@ def main() -> None:
         runs: dict[str, list[dict[str, Any]]] = {a: [] for a in here}
         for r in range(args.rounds):  # alternate; each round starts one arm later
             for arm in here[r % len(here) :] + here[: r % len(here)]:
-                runs[arm].append(run_child(arm, n, args.threads, args.model, args.timeout))
+                runs[arm].append(
+                    run_child(arm, n, args.threads, args.model, args.timeout, args.malloc)
+                )
         row = summarise(runs)
         if "eager" in arms and "eager" not in here:
             row["eager"] = {"skipped": f"needs ~{eager_gb(n):.0f} GiB"}
