@@ -91,6 +91,52 @@ def test_every_metric_equals_the_block_path_float64(case):
         _assert_same(fused, block, atol=1e-5 if case == GPT_OSS else 1e-6)
 
 
+class _View(AttentionHandler):
+    fused_needs = frozenset()
+
+    def observe_layer(self, view: LayerView) -> None:
+        self.view = view
+
+
+def test_bfloat16_sink_logit_is_the_float32_one_as_on_the_block_path():
+    """bfloat16 q, k, v and a learned sink logit: the fused kernel's log-sum-exp counts the sink
+    slot at the logit the block path uses (float32), so lse and the mass of the real keys equal
+    a float64 computation from the same bfloat16 numbers to the kernel's own error (6e-5 here
+    without a sink slot); before, the logit / scale was rounded to bfloat16 (0.01 off at a logit
+    of 3) and lse and mass were off by up to 5e-3."""
+    from sinklab.seam.observe import observe_attention
+
+    g = torch.Generator().manual_seed(5)
+    b, h, t, d = 1, 4, 24, 8
+    q, k, v = (torch.randn(b, h, t, d, generator=g).to(torch.bfloat16) for _ in range(3))
+    lam = torch.tensor([-2.0, 0.5, 1.5, 3.0], dtype=torch.bfloat16)
+    scale = d**-0.5  # not a power of 2: lam / scale is not a bfloat16 number
+    rec = _View()
+    kw = {"scale": scale, "variant": "sink", "sink_logit": lam}
+    observe_attention(torch.nn.Identity(), 0, [rec], q, k, v, **kw)
+    z = torch.einsum("bhtd,bhsd->bhts", q.double(), k.double()) * scale  # (B, H, T, T)
+    z = z.masked_fill(torch.ones(t, t, dtype=torch.bool).triu(1), float("-inf"))
+    sink = lam.double().view(1, h, 1, 1).expand(b, h, t, 1)
+    lse = torch.cat([z, sink], -1).logsumexp(-1)  # (B, H, T)
+    torch.testing.assert_close(rec.view.lse.double(), lse, atol=2e-4, rtol=0)
+    mass = 1 - torch.exp(lam.double().view(1, h, 1) - lse)
+    torch.testing.assert_close(rec.view.mass().double(), mass, atol=2e-4, rtol=0)
+
+
+def test_sink_logit_model_in_bfloat16_observes_as_the_block_path():
+    """The tiny sink-logit model in bfloat16: the fused path's metrics equal the block path's
+    within bfloat16's own rounding (the output-based ones round the outputs: looser). Before,
+    the entropy was 7e-3 nats off (the sink logit rounded to bfloat16 on the fused path only)."""
+    model = _lab("sink").to(torch.bfloat16)
+    ids = torch.randint(3, 64, (1, 40), generator=torch.Generator().manual_seed(2))
+    fused, block = _both(model, ids, ProbeConfig())
+    assert fused.attention_path == ["fused", "fused"]
+    loose = {"value_norm_ratio", "sink_output_share"}  # from bfloat16 outputs
+    for name in TENSORS:
+        atol = 1e-2 if name in loose else 1e-3
+        torch.testing.assert_close(getattr(fused, name), getattr(block, name), atol=atol, rtol=0)
+
+
 def test_softcapping_takes_the_block_path_with_its_reason():
     model = arch_model("gemma2", attn_logit_softcapping=5.0).double()
     vocab = model.config.vocab_size

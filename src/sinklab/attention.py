@@ -346,7 +346,11 @@ def _with_sink_key(
 
     Logit 0 needs only a zero key. Otherwise ``p`` head dims are added: queries carry
     ``sink_logit[h] / scale`` in the first, real keys 0 and the sink key 1, so the sink logit is
-    exact up to one rounding and real logits are unchanged, at O(T * D) cost. An additive float
+    exact up to one rounding and real logits are unchanged, at O(T * D) cost. In a half type
+    (bfloat16 keeps 8 bits) that one rounding would move the logit by up to 0.4 % (0.01 for a
+    logit of 3): ``sink_logit / scale`` is computed in float32 and carried as two half numbers,
+    ``hi + lo`` (two dims, the sink key 1 in both), which the kernels add in float32, so the sink
+    logit is the float32 one to about 2^-16, as the block path's (it upcasts it). An additive float
     mask column would be q-independent too, but must be materialised as ``(B, H, Tq, Tk + 1)``
     and excludes ``is_causal``, which loses SDPA's fastest kernel (an explicit causal mask was
     1.6x slower at T=2048 on CPU).
@@ -356,8 +360,10 @@ def _with_sink_key(
     """
     d, tk, dv = q.shape[-1], k.shape[-2], v.shape[-1]
     zero = not isinstance(sink_logit, Tensor) and float(sink_logit) == 0.0
-    # head dims for the sink logit: 1 on CPU; accelerator kernels want D % 8 == 0
-    p = 0 if zero else 1 if q.device.type == "cpu" else 8 - max(d, dv) % 8
+    split = q.dtype in (torch.bfloat16, torch.float16)  # the logit as hi + lo (docstring)
+    need = 0 if zero else 2 if split else 1  # head dims for the sink logit
+    # accelerator kernels want D % 8 == 0
+    p = need if q.device.type == "cpu" or zero else need + (-(max(d, dv) + need)) % 8
     width = max(d, dv) + p
     rows = (1, 0) if prepend else (0, 1)  # zero rows (before, after) along T for k and v
     sink = 0 if prepend else tk  # the sink key's row
@@ -366,12 +372,17 @@ def _with_sink_key(
     k2 = _zero_padded(k, width, *rows)  # (B, Hkv, Tk + 1, D + p), sink key of zeros so far
     v2 = _zero_padded(v, width, *rows)  # (B, Hkv, Tk + 1, D + p), the sink's value is 0
     if not zero:
-        lam = torch.as_tensor(sink_logit, device=q.device).to(q.dtype)  # differentiable
+        work = torch.promote_types(q.dtype, torch.float32)
+        lam = torch.as_tensor(sink_logit, device=q.device).to(work)  # differentiable
         # +-1e3 is beyond float32 exp range: same weights, and no inf * 0 = NaN in q @ k^T
         lam = lam.clamp(-1e3, 1e3)
         lam = lam.view(1, -1, 1) if lam.ndim == 1 else lam  # (1, H, 1) or scalar
-        q2[:, :, rows[0] :, max(d, dv)] = lam / scale
-        k2[:, :, sink, max(d, dv)] = 1.0
+        x = lam / scale
+        hi = x.to(q.dtype)
+        parts = (hi, (x - hi.to(work)).to(q.dtype)) if split else (hi,)  # hi + lo = x
+        for i, part in enumerate(parts):
+            q2[:, :, rows[0] :, max(d, dv) + i] = part
+            k2[:, :, sink, max(d, dv) + i] = 1.0
     return q2, k2, v2
 
 
