@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -86,8 +87,7 @@ def probe(
     Example: sinklab probe --tokens 1024 --q0 16 --lengths 128,512,2048 --out runs/probe
     """
     from sinklab.corpus import first_token, load_text, token_stream
-    from sinklab.meta import attach_meta
-    from sinklab.outputs import check_out, write_results
+    from sinklab.outputs import check_out
     from sinklab.probe import ProbeConfig
     from sinklab.probe.plots import probe_figures
     from sinklab.probe.run import ProbeRun
@@ -116,20 +116,9 @@ def probe(
     start = time.perf_counter()
     with progress(enabled=fmt is OutputFormat.text) as bars:
         _, data = run.run(loaded.model, ids, bars.callback("probe"))
-    seconds = time.perf_counter() - start
-    attach_meta(data, loaded.info, txt, run.params(), seconds, first.record(loaded.tokenizer, ids))
-    written = write_results(
-        out,
-        "probe",
-        {"probe.json": data},
-        None if no_figures else lambda folder: probe_figures(data, folder),
-    )
-    if fmt is OutputFormat.json:
-        emit_json(data)
-        return
-    for line in summary_sentences(data):
-        typer.echo(line)
-    typer.echo("wrote " + ", ".join(map(str, written)))
+    seconds, record = time.perf_counter() - start, first.record(loaded.tokenizer, ids)
+    provenance = (loaded.info, txt, run.params(), seconds, record)
+    _finish(data, provenance, out, fmt, None if no_figures else probe_figures, summary_sentences)
 
 
 def _probe_protocol(
@@ -149,8 +138,7 @@ def _probe_protocol(
     each started the way the model's tokenizer starts a sequence (``--prepend`` overrides it)."""
     from sinklab.corpus import first_token, load_text
     from sinklab.errors import SinklabError
-    from sinklab.meta import attach_meta
-    from sinklab.outputs import check_out, write_results
+    from sinklab.outputs import check_out
     from sinklab.probe.plots import protocol_figures
     from sinklab.probe.protocols import (
         get_protocol,
@@ -183,17 +171,35 @@ def _probe_protocol(
     params = {"protocol": name, "samples": samples, "tokens": tokens, "prepend": prepend}
     first = first_spec.record(loaded.tokenizer, ids)
     data["first_token"] = {"id": first["id"], "text": first["text"]}
-    attach_meta(data, loaded.info, txt, params, time.perf_counter() - start, first)
+    provenance = (loaded.info, txt, params, time.perf_counter() - start, first)
+    figures = None if no_figures else protocol_figures
+    _finish(data, provenance, out, fmt, figures, protocol_sentences)
+
+
+def _finish(
+    data: dict[str, Any],
+    provenance: tuple[Any, ...],
+    out: Path,
+    fmt: OutputFormat,
+    figures: Callable[[dict[str, Any], Path], Any] | None,
+    sentences: Callable[[dict[str, Any]], list[str]],
+) -> None:
+    """Either probe's tail: the provenance block (``attach_meta``'s model, text, params,
+    seconds, first token), ``probe.json`` and the figures, then the JSON or the sentences."""
+    from sinklab.meta import attach_meta
+    from sinklab.outputs import write_results
+
+    attach_meta(data, *provenance)
     written = write_results(
         out,
         "probe",
         {"probe.json": data},
-        None if no_figures else lambda folder: protocol_figures(data, folder),
+        None if figures is None else lambda folder: figures(data, folder),
     )
     if fmt is OutputFormat.json:
         emit_json(data)
         return
-    for line in protocol_sentences(data):
+    for line in sentences(data):
         typer.echo(line)
     typer.echo("wrote " + ", ".join(map(str, written)))
 
