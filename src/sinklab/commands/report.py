@@ -95,12 +95,7 @@ def report(
     config.check_stream([s.name for s in chosen], loaded.info.max_positions)  # fitted: still ok?
     for note in notes:
         stderr.print(note, highlight=False, soft_wrap=True)
-    model_options = (  # how the model was loaded, for every section's reproduce command
-        *(("--dtype", dtype) if dtype != "float32" else ()),
-        *(("--device", device) if device != "cpu" else ()),
-        *(("--trust-remote-code",) if trust_remote_code else ()),
-        *(("--prepend", prepend) if prepend is not None else ()),
-    )
+    model_options = _model_options((dtype, device, trust_remote_code), prepend)
     as_text = fmt is OutputFormat.text
     with progress(as_text) as bars:
         tick = bars.callback("report", 1.0)  # a fraction: build_report counts estimated seconds
@@ -119,7 +114,7 @@ def report(
             config=config,
             model_spec=model or DEFAULT_MODEL,
             text_spec=text or DEFAULT_TEXT,
-            callback=lambda done, total, label: tick(done / total if total else 0.0, 1.0, label),
+            callback=_fraction(tick),
             model_options=model_options,
             prepend=prepend,
             on_stage=stage_done,
@@ -153,15 +148,9 @@ def _report_across(
     a time, and an index page with the claims across models (:mod:`sinklab.report.across`).
     ``prepend``: as in one model's report, each model's tokenizer deciding its own default."""
     from sinklab.report.across import build_across
-    from sinklab.report.build import _build_in
+    from sinklab.report.build import build_into
 
-    dtype, device, trust = loading
-    model_options = (
-        *(("--dtype", dtype) if dtype != "float32" else ()),
-        *(("--device", device) if device != "cpu" else ()),
-        *(("--trust-remote-code",) if trust else ()),
-        *(("--prepend", prepend) if prepend is not None else ()),
-    )
+    model_options = _model_options(loading, prepend)
 
     def load_one(name: str) -> tuple[Any, list[str], Any]:
         loaded = load(name, *loading)
@@ -173,22 +162,21 @@ def _report_across(
     with progress(fmt is OutputFormat.text) as bars:
 
         def build(folder: Path, loaded: Any, notes: list[str], fitted: Any, name: str) -> Any:
-            tick = bars.callback(f"report {name}", 1.0)
-            return _build_in(
+            return build_into(
                 folder,
                 loaded,
                 txt,
-                chosen,
-                fitted,
-                name,
-                text or DEFAULT_TEXT,
-                lambda done, total, label: tick(done / total if total else 0.0, 1.0, label),
-                None,
-                out / folder.name,
-                notes,
-                model_options,
-                prepend,
-                out.parent / f"{out.name}-reproduce" / folder.name,  # beside the whole folder
+                stages=chosen,
+                config=fitted,
+                model_spec=name,
+                text_spec=text or DEFAULT_TEXT,
+                final_out=out / folder.name,
+                callback=_fraction(bars.callback(f"report {name}", 1.0)),
+                notes=notes,
+                model_options=model_options,
+                prepend=prepend,
+                # beside the whole folder
+                reproduce_root=out.parent / f"{out.name}-reproduce" / folder.name,
             )
 
         index, reports = build_across(names, load_one, out=out, build=build)
@@ -200,6 +188,22 @@ def _report_across(
         ok = sum(r.status == "ok" for r in rep.results)
         stderr.print(f"{name}: {ok}/{len(rep.results)} stages ok in {rep.seconds:.0f} s")
     print(index)
+
+
+def _model_options(loading: tuple[str, str, bool], prepend: str | None) -> tuple[str, ...]:
+    """How the model was loaded (the options given), for every section's reproduce command."""
+    dtype, device, trust = loading
+    return (
+        *(("--dtype", dtype) if dtype != "float32" else ()),
+        *(("--device", device) if device != "cpu" else ()),
+        *(("--trust-remote-code",) if trust else ()),
+        *(("--prepend", prepend) if prepend is not None else ()),
+    )
+
+
+def _fraction(tick: Any) -> Any:
+    """The report's progress (estimated seconds) on a bar of total 1: shown as a percentage."""
+    return lambda done, total, note="": tick(done / total if total else 0.0, 1.0, note)
 
 
 def register(app: typer.Typer) -> None:

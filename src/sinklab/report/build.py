@@ -92,45 +92,49 @@ def build_report(
     out = check_out(out, COMMAND)
     config.check_stream([s.name for s in stages], loaded.info.max_positions)  # before any work
     with output_dir(out, COMMAND) as tmp:
-        report = _build_in(
+        report = build_into(
             tmp,
             loaded,
             text,
-            stages,
-            config,
-            model_spec,
-            text_spec,
-            callback,
-            on_stage,
-            out,
-            notes,
-            tuple(model_options),
-            prepend,
+            stages=stages,
+            config=config,
+            model_spec=model_spec,
+            text_spec=text_spec,
+            final_out=out,
+            callback=callback,
+            on_stage=on_stage,
+            notes=notes,
+            model_options=model_options,
+            prepend=prepend,
         )
     report.out = out
     return report
 
 
-def _build_in(
+def build_into(
     tmp: Path,
     loaded: LoadedModel,
     text: Text,
+    *,
     stages: Sequence[Stage],
     config: ReportConfig,
     model_spec: str,
     text_spec: str,
-    callback: Progress,
-    on_stage: Callable[[StageResult], None] | None,
     final_out: Path,
+    callback: Progress = quiet,
+    on_stage: Callable[[StageResult], None] | None = None,
     notes: Sequence[str] = (),
-    model_options: tuple[str, ...] = (),
+    model_options: Sequence[str] = (),
     prepend: str | None = None,
     reproduce_root: Path | None = None,
 ) -> Report:
-    """The report's stages run in ``tmp``, which becomes ``final_out``. ``reproduce_root``:
-    where the sections' reproduce commands write (default ``OUT-reproduce`` beside ``final_out``;
-    a report inside a several-models report passes one beside the top folder, since nothing may
-    be written inside an output)."""
+    """One model's report built in the folder ``tmp`` (which its caller moves to ``final_out``,
+    as :func:`build_report` does, or keeps inside a larger output, as a several-models report
+    does); the other arguments are :func:`build_report`'s. ``reproduce_root``: where the sections'
+    reproduce commands write (default ``OUT-reproduce`` beside ``final_out``; a report inside a
+    several-models report passes one beside the top folder, since nothing may be written inside
+    an output)."""
+    model_options = tuple(model_options)
     start = time.perf_counter()
     costs = [max(0.1, float(s.cost(config))) for s in stages]
     budget = sum(costs)  # estimated seconds
