@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
@@ -41,7 +41,11 @@ from sinklab.claims.rules import (
 from sinklab.claims.validity import lab_verdict, stated
 from sinklab.corpus import Text, check_token_spec, first_token, load_text, token_windows
 from sinklab.errors import SinklabError
+from sinklab.meta import attach_meta
 from sinklab.progress import Progress, counter, quiet
+
+if TYPE_CHECKING:
+    from sinklab.models.loading import LoadedModel
 
 log = logging.getLogger(__name__)
 
@@ -311,6 +315,30 @@ def _cap(config: ClaimsConfig, max_positions: int | None) -> ClaimsConfig:
 
     sizes = ("probe_tokens", "stream_tokens", "sensitivity_tokens")
     return replace(config, **{k: min(getattr(config, k), max_positions) for k in sizes})
+
+
+def claims_on(
+    loaded: LoadedModel | None,
+    config: ClaimsConfig,
+    callback: Progress = quiet,
+    texts: list[Text] | None = None,
+) -> ClaimsResult:
+    """:func:`run_claims` on a loaded model (None: the lab and cost claims alone) with its
+    provenance block (model, texts, config, seconds, first token): what ``sinklab claims`` runs
+    on each model and the report's claims section runs. ``texts``: ``config.read_texts()``,
+    when the caller read them already (before loading the model, to fail early)."""
+    texts = config.read_texts() if texts is None else texts
+    start = time.perf_counter()
+    result = run_claims(
+        loaded.model if loaded else None,
+        loaded.tokenizer if loaded else None,
+        config,
+        max_positions=loaded.info.max_positions if loaded else None,
+        callback=callback,
+    )
+    seconds, record = time.perf_counter() - start, result.run.get("first_token")
+    attach_meta(result, loaded.info if loaded else None, texts or None, config, seconds, record)
+    return result
 
 
 def run_claims(

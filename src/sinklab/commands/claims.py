@@ -127,9 +127,8 @@ def claims(
     sinklab claims --claims first-token-sinks,sink-cheaper --lab runs/ --out claims-out
     """
     from sinklab.claims.across import model_names
-    from sinklab.claims.core import DEFAULT_TEXTS, ClaimsConfig, run_claims
+    from sinklab.claims.core import DEFAULT_TEXTS, ClaimsConfig, claims_on
     from sinklab.errors import SinklabError
-    from sinklab.meta import attach_meta
 
     if lab_cache or clear_lab_cache:
         _cache_command(clear_lab_cache, fmt)
@@ -167,27 +166,10 @@ def claims(
     if several is not None:
         _claims_across(several, config, out, fmt, (dtype, device, trust_remote_code))
         return
-    texts_read = config.read_texts()
-    loaded = None
-    if config.needs_model:
-        loaded = load(model, dtype, device, trust_remote_code)
-    start = time.perf_counter()
+    texts_read = config.read_texts()  # a bad text fails before the model loads
+    loaded = load(model, dtype, device, trust_remote_code) if config.needs_model else None
     with progress(fmt is OutputFormat.text) as bars:
-        result = run_claims(
-            loaded.model if loaded else None,
-            loaded.tokenizer if loaded else None,
-            config,
-            max_positions=loaded.info.max_positions if loaded else None,
-            callback=bars.callback("claims"),  # (done, total, label)
-        )
-    attach_meta(
-        result,
-        loaded.info if loaded else None,
-        texts_read or None,
-        config,
-        time.perf_counter() - start,
-        result.run.get("first_token"),
-    )
+        result = claims_on(loaded, config, bars.callback("claims"), texts_read)
     data = result.to_json()
     if out is not None:
         from sinklab.claims.plots import plot_claims
@@ -221,25 +203,16 @@ def _claims_across(
     import gc
 
     from sinklab.claims.across import across_table, differences, plot_across
-    from sinklab.claims.core import run_claims
+    from sinklab.claims.core import claims_on
     from sinklab.meta import attach_meta
 
-    texts_read = config.read_texts()
+    texts_read = config.read_texts()  # a bad text fails before the first model loads
     runs: list[tuple[str, dict]] = []
     start = time.perf_counter()
     with progress(fmt is OutputFormat.text) as bars:
         for name in names:
             loaded = load(name, *loading)
-            t0 = time.perf_counter()
-            result = run_claims(
-                loaded.model,
-                loaded.tokenizer,
-                config,
-                max_positions=loaded.info.max_positions,
-                callback=bars.callback(f"claims {name}"),
-            )
-            seconds, record = time.perf_counter() - t0, result.run.get("first_token")
-            attach_meta(result, loaded.info, texts_read, config, seconds, record)
+            result = claims_on(loaded, config, bars.callback(f"claims {name}"), texts_read)
             runs.append((name, result.to_json()))
             del loaded, result
             gc.collect()  # the next model loads into the memory this one held

@@ -3,7 +3,6 @@ per claim with its effect, 95 % interval and computed verdict, and the claims fi
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 from sinklab.report.stages import (
@@ -71,9 +70,8 @@ def _command(ctx: StageContext) -> list[str]:
 
 
 def _run(ctx: StageContext) -> StageOutput:
-    from sinklab.claims.core import DEFAULT_TEXTS, ClaimsConfig, run_claims
+    from sinklab.claims.core import DEFAULT_TEXTS, ClaimsConfig, claims_on
     from sinklab.claims.plots import plot_claims
-    from sinklab.meta import attach_meta
 
     p = _params(ctx)
     config = ClaimsConfig(
@@ -95,18 +93,8 @@ def _run(ctx: StageContext) -> StageOutput:
         seed=p["seed"],
         prepend=ctx.prepend,
     )
-    loaded, start = ctx.loaded, time.perf_counter()
-    texts = config.read_texts()
-
-    result = run_claims(
-        loaded.model,
-        loaded.tokenizer,
-        config,
-        max_positions=loaded.info.max_positions,
-        callback=ctx.progress,
-    )
-    seconds, record = time.perf_counter() - start, result.run.get("first_token")
-    attach_meta(result, loaded.info, texts, config, seconds, record)
+    loaded = ctx.loaded
+    result = claims_on(loaded, config, ctx.progress)
     data = result.to_json()
     png = ctx.figures_dir / "claims_effects.png"
     plot_claims(data["claims"], png, title=f"Claims: {loaded.info.name}")
