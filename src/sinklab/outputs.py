@@ -166,14 +166,7 @@ def remove_stale_builds(out: Path) -> list[Path]:
         _recover(out)
     removed = []
     for path in _leftovers(out):
-        shutil.rmtree(path, ignore_errors=True)
-        if path.exists():
-            log.warning(
-                "sinklab: could not remove the leftover folder %s of an earlier run (no "
-                "permission); delete it yourself",
-                repr(str(path)),
-            )
-        else:
+        if _discard(path, LEFTOVER_KEPT):
             removed.append(path)
     return removed
 
@@ -270,15 +263,23 @@ def _swap_into_place(tmp: Path, out: Path) -> None:
     _discard(old)
 
 
-def _discard(path: Path) -> None:
-    """Delete a replaced output; name it in one warning when it cannot be deleted."""
+LEFTOVER_KEPT = (
+    "sinklab: could not remove the leftover folder %s of an earlier run (no permission); "
+    "delete it yourself"
+)
+REPLACED_KEPT = (
+    "sinklab: the replaced output was left at %s (it could not be deleted); delete it yourself"
+)
+
+
+def _discard(path: Path, kept: str = REPLACED_KEPT) -> bool:
+    """Delete a folder (a replaced output, by default); when it cannot be deleted, name it in
+    one warning (``kept``, with the path for its %s). Whether it is gone."""
     shutil.rmtree(path, ignore_errors=True)
     if path.exists():
-        log.warning(
-            "sinklab: the replaced output was left at %s (it could not be deleted); delete it "
-            "yourself",
-            repr(str(path)),
-        )
+        log.warning(kept, repr(str(path)))
+        return False
+    return True
 
 
 @contextmanager
