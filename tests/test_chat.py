@@ -236,3 +236,75 @@ def test_a_reply_cut_at_max_tokens_is_read_once(chat_model, chat_tokenizer):
     assert read == want[: len(read)]  # no word read twice, none left out
     assert len(read) == len(want) - 1  # all but the closing "</s>"
     assert session.cache.stream_length() == len(read) - len(session.pending)
+
+
+def _read_ids(model, session: ChatSession, turns: list[str]) -> list[int]:
+    """Every token the model reads over ``turns`` of ``session``."""
+    read: list[int] = []
+    hook = model.get_input_embeddings().register_forward_pre_hook(
+        lambda _m, args: read.extend(args[0][0].tolist())
+    )
+    try:
+        for text in turns:
+            session.turn(text)
+    finally:
+        hook.remove()
+    return read
+
+
+@pytest.mark.parametrize("max_new", [2, 40])  # replies cut at max tokens (pending), or ended
+def test_bounded_rendering_reads_what_the_full_rendering_reads(chat_model, chat_tokenizer, max_new):
+    """A turn renders only the last exchange and the new message once the self-checks pass;
+    the tokens read, the read text and the replies equal a session that renders the whole
+    conversation every turn, and no rendering after the checks sees more than 3 messages."""
+    cfg = ChatConfig(n_sink=2, window=40, max_new_tokens=max_new)
+    turns = TURNS * 3
+    full = ChatSession(chat_model, chat_tokenizer, cfg)
+    full.bounded = False
+    want = _read_ids(chat_model, full, turns)
+    fast = ChatSession(chat_model, chat_tokenizer, cfg)
+    sizes: list[int] = []
+    render = fast._render
+    fast._render = lambda messages, prompt: sizes.append(len(messages)) or render(messages, prompt)
+    got = _read_ids(chat_model, fast, turns)
+    assert got == want
+    assert fast.read_text == full.read_text and fast.messages == full.messages
+    assert fast.bounded and fast.checks_left == 0
+    # turn 1 renders 1 message; turns 2-4 render in full beside the bounded pair; then pairs only
+    checked = 1 + 3 * 3
+    assert max(sizes[checked:]) == 3 and len(sizes) == checked + 2 * (len(turns) - 4)
+
+
+def test_a_template_that_numbers_messages_is_rendered_whole(chat_model, chat_tokenizer):
+    """A template whose text for a message depends on its place (a running number) fails the
+    self-check: the session renders the whole conversation from then on, and reads exactly its
+    rendering."""
+    tok = copy.deepcopy(chat_tokenizer)
+    tok.chat_template = (
+        "{% for m in messages %}<s> {{ loop.index }} {{ m['role'] }} {{ m['content'] }} </s> "
+        "{% endfor %}{% if add_generation_prompt %}<s> assistant {% endif %}"
+    )
+    cfg = ChatConfig(n_sink=2, window=200, max_new_tokens=3)
+    session = ChatSession(chat_model, tok, cfg)
+    _read_ids(chat_model, session, TURNS[:3])
+    assert not session.bounded
+    assert session.read_text.startswith(
+        tok.apply_chat_template(session.messages[:-1], tokenize=False, add_generation_prompt=True)
+    )
+
+
+def test_common_prefix_matches_a_character_loop():
+    from sinklab.stream.chat import _common
+
+    def naive(a: str, b: str) -> int:
+        n = 0
+        while n < min(len(a), len(b)) and a[n] == b[n]:
+            n += 1
+        return n
+
+    g = __import__("random").Random(0)
+    for _ in range(300):
+        base = "".join(g.choice("ab") for _ in range(g.randrange(0, 40)))
+        a = base + "".join(g.choice("abc") for _ in range(g.randrange(0, 6)))
+        b = base + "".join(g.choice("abc") for _ in range(g.randrange(0, 6)))
+        assert _common(a, b) == naive(a, b), (a, b)

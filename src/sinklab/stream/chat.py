@@ -34,13 +34,24 @@ from sinklab.stream.generation import (
 
 
 def _common(a: str, b: str) -> int:
-    """Length of the common prefix of two strings."""
-    n = 0
-    for x, y in zip(a, b, strict=False):
-        if x != y:
-            break
-        n += 1
-    return n
+    """Length of the common prefix of two strings, by comparisons of slices (C speed): the
+    conversation's text grows with every turn, so a character loop would make a turn's cost grow
+    with the conversation."""
+    if b.startswith(a):
+        return len(a)
+    lo, hi = 0, min(len(a), len(b))  # a[:lo] == b[:lo]; the first difference is below hi
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if a[lo:mid] == b[lo:mid]:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
+#: turns on which a session renders its whole conversation beside the bounded rendering and
+#: compares the two (:meth:`ChatSession._rendered`); one difference and it renders in full
+SELF_CHECKS = 3
 
 
 @dataclass(frozen=True)
@@ -114,7 +125,10 @@ class ChatSession:
         if self.config.system is not None:
             self.messages.append({"role": "system", "content": self.config.system})
         self.read_text = ""  # the rendered conversation whose tokens the cache has read
+        self.reply_at: int | None = None  # where the last reply starts in read_text
         self.pending: list[int] = []  # a sampled token not read yet (reply cut at max tokens)
+        self.checks_left = SELF_CHECKS  # bounded renderings still compared with the full one
+        self.bounded = True  # False: this template renders a message by more than its place
         self.gen.manual_seed(self.config.seed)
         self.turns = 0
         self.most_kept = 0
@@ -123,6 +137,44 @@ class ChatSession:
 
     def _render(self, messages: list[dict[str, str]], prompt: bool) -> str:
         return self.tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=prompt)
+
+    def _rendered(self, messages: list[dict[str, str]]) -> str:
+        """The template's rendering of ``messages`` (the conversation, then this turn's new
+        ones) with the generation prompt, at a cost that does not grow with the conversation.
+
+        A template renders a conversation message by message, so the text up to the last reply
+        (read already: ``read_text[:reply_at]``) stays as it was, and what follows it comes from
+        rendering only the last exchange with and without the new messages
+        (:meth:`_bounded`). The first :data:`SELF_CHECKS` turns also render the whole
+        conversation and compare: a template that renders a message by more than its place (an
+        index, the messages after it) gives a difference, and the session then renders the
+        whole conversation every turn (exact, at a cost that grows with it)."""
+        fast = self._bounded(messages) if self.bounded else None
+        if fast is not None and self.checks_left <= 0:
+            return fast
+        full = self._render(messages, prompt=True)
+        if fast is not None:
+            self.checks_left -= 1
+            self.bounded = fast == full
+        return full
+
+    def _bounded(self, messages: list[dict[str, str]]) -> str | None:
+        """``messages``' rendering from the last exchange alone (:meth:`_rendered`), or None where
+        it cannot be had that way (no reply yet, an empty one, a template that does not render
+        the exchange as a prefix of the exchange and the new messages)."""
+        old = self.messages
+        if self.reply_at is None or len(old) < 2 or old[-1]["role"] != "assistant":
+            return None
+        reply = old[-1]["content"]
+        if not reply or messages[: len(old)] != old:
+            return None
+        before = self._render(old[-2:], prompt=False)
+        after = self._render([*old[-2:], *messages[len(old) :]], prompt=True)
+        at = before.rfind(reply)
+        if at < 0 or not after.startswith(before):
+            return None
+        # the conversation up to the reply + the reply and its closing + the new messages
+        return self.read_text[: self.reply_at] + before[at:] + after[len(before) :]
 
     def _watch(self, extra: dict[str, torch.Tensor]) -> None:
         self.top_position = max(self.top_position, int(extra["position_ids"].max()))
@@ -167,7 +219,7 @@ class ChatSession:
         into the cache: -> the logits of its last token. Nothing else of the session changes
         until :meth:`finish`."""
         messages = [*self.messages, *new]
-        full = self._render(messages, prompt=True)
+        full = self._rendered(messages)
         new_text = full[_common(self.read_text, full) :]  # what the cache has not read yet
         start = self.first if not self.read_text else FirstToken("none", (), False)
         ids = self.pending + encode(new_text, self.tok, start)
@@ -202,6 +254,7 @@ class ChatSession:
             # next turn's new text starts after it (it is not read twice).
             self.pending, read = tokens[-1:], reply
         self.read_text = opened.full + read
+        self.reply_at = len(opened.full)
         reply = reply if cut is None else cut
         self.messages = [*opened.messages, {"role": "assistant", "content": reply}]
         self.turns += 1
@@ -218,6 +271,9 @@ class ChatSession:
             "turns": self.turns,
             "most_kept": self.most_kept,
             "top_position": self.top_position,
+            "reply_at": self.reply_at,
+            "render_checks_left": self.checks_left,
+            "bounded_render": self.bounded,
         }
 
     def load_record(self, record: dict[str, Any]) -> None:
@@ -229,6 +285,13 @@ class ChatSession:
             read_text, turns = str(record["read_text"]), int(record["turns"])
             pending = [int(t) for t in record["pending"]]
             most, top = int(record["most_kept"]), int(record["top_position"])
+            # absent from records written before the bounded rendering: render in full once
+            at = record.get("reply_at")
+            reply_at = None if at is None else int(at)
+            checks = int(record.get("render_checks_left", SELF_CHECKS))
+            bounded = bool(record.get("bounded_render", True))
+            if reply_at is not None and not 0 <= reply_at <= len(read_text):
+                raise ValueError(f"reply_at {reply_at} outside the read text")
         except (KeyError, TypeError, ValueError) as err:
             raise SinklabError(f"not a chat record ({type(err).__name__}: {err})") from None
         self.messages, self.read_text, self.pending, self.turns = (
@@ -238,6 +301,7 @@ class ChatSession:
             turns,
         )
         self.most_kept, self.top_position = most, top
+        self.reply_at, self.checks_left, self.bounded = reply_at, checks, bounded
 
     def _read(self, ids: list[int], chunk: int) -> torch.Tensor:
         """Read a turn's tokens, each chunk fitted into the cache first (evict_for_space)."""
