@@ -283,16 +283,19 @@ def load_arm(n: int, args: argparse.Namespace, texts: list[str], engine: str = "
 def soak(args: argparse.Namespace, texts: list[str]) -> dict:
     server = Server([*args.server_args, "--max-batch", "1"])
     model = httpx.get(server.url + "/v1/models", timeout=30).json()["data"][0]["id"]
-    lat, rss = [], []
+    lat, rss, per_turn = [], [], []
     deadline = time.monotonic() + args.budget_s
     with httpx.Client(timeout=300) as http:
         for k in range(args.soak_turns):
             if time.monotonic() > deadline:
                 break
             t0 = time.perf_counter()
-            message = [{"role": "user", "content": texts[k % len(texts)]}]
+            # 100 texts in turn: the first and the last 100 turns send the same ones, so their
+            # latencies differ by the session's age alone, not by what was asked
+            message = [{"role": "user", "content": texts[k % min(100, len(texts))]}]
             r = turn(http, server.url, model, "soak", message, args.soak_max_tokens)
             lat.append({"seconds": time.perf_counter() - t0, "tokens": r["tokens"]})
+            per_turn.append(round(lat[-1]["seconds"], 4))
             if k % 10 == 0:
                 rss.append((k, server.metric("sinklab_rss_bytes") / 2**20))
         info = http.get(server.url + "/v1/sessions/soak", timeout=30).json()
@@ -312,6 +315,7 @@ def soak(args: argparse.Namespace, texts: list[str]) -> dict:
         "rss_mb_first_100": statistics.median(rss_first),
         "rss_mb_last_100": statistics.median(rss_last),
         "rss_mb_every_10_turns": [[k, round(m, 1)] for k, m in rss],
+        "turn_seconds": per_turn,
     }
 
 
