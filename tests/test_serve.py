@@ -263,6 +263,10 @@ def test_load_benchmark_runs_on_a_tiny_model(chat_dir, tmp_path):
         "2",
         "--max-tokens",
         "3",
+        "--soak-turns",
+        "3",
+        "--soak-max-tokens",
+        "2",
         "--out",
         str(tmp_path / "o.json"),
     ]
@@ -273,3 +277,16 @@ def test_load_benchmark_runs_on_a_tiny_model(chat_dir, tmp_path):
     assert arm["tokens_per_s"] == pytest.approx(arm["completion_tokens"] / arm["wall_s"], 1e-2)
     assert arm["ttft_p50_s"] <= arm["ttft_p95_s"]
     assert (tmp_path / "o.json").exists()
+    soak = out["soak"]
+    assert soak["turns_done"] == 3 and len(soak["turn_seconds"]) == 3
+    assert 0 < soak["kept"] <= N_SINK + WINDOW and soak["tokens_seen"] >= soak["kept"]
+    # an arm whose every reply was empty gives no ratio, not a division by zero
+    rounds = [
+        [
+            {**out["rounds"][0][0], "engine": "llama.cpp", "tokens_per_s": 0.0},
+            {**out["rounds"][0][0]},
+        ]
+    ]
+    arms = bench.summarise(rounds, [("sinklab", 2), ("llama.cpp", 2)])
+    assert arms["llama.cpp/2"]["sinklab_over_llama_cpp"] is None
+    assert arms["2"]["speedup_vs_1"] is None  # no one-client arm to compare with
