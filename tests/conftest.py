@@ -173,3 +173,20 @@ def bos_tokenizer(tiny_tokenizer):
     )  # fmt: skip
     assert tok("the king", add_special_tokens=True).input_ids[0] == bos  # the fixture works
     return tok
+
+
+#: the tiny chat template the chat and serve tests share (words and markers the tiny tokenizer has)
+CHAT_TEMPLATE = (
+    "{% for m in messages %}<s> {{ m['role'] }} {{ m['content'] }} </s> {% endfor %}"
+    "{% if add_generation_prompt %}<s> assistant {% endif %}"
+)
+
+
+@pytest.fixture(scope="module")
+def chat_tokenizer(tiny_tokenizer):
+    """The tiny tokenizer with :data:`CHAT_TEMPLATE` (a copy: the session fixture stays as is)."""
+    import copy
+
+    tok = copy.deepcopy(tiny_tokenizer)
+    tok.chat_template = CHAT_TEMPLATE
+    return tok

@@ -12,15 +12,13 @@ from pathlib import Path
 import pytest
 import torch
 
+from conftest import CHAT_TEMPLATE
 from helpers import one_line_error, run_main
 from sinklab.errors import SinklabError
 from sinklab.stream.chat import ChatConfig, ChatSession
 from sinklab.stream.generation import GenerateConfig
 
-TEMPLATE = (
-    "{% for m in messages %}<s> {{ m['role'] }} {{ m['content'] }} </s> {% endfor %}"
-    "{% if add_generation_prompt %}<s> assistant {% endif %}"
-)
+TEMPLATE = CHAT_TEMPLATE  # the other chat and serve tests import it from here
 TURNS = [
     "To be or not to be",
     "that is the question whether tis nobler in the mind to suffer",
@@ -28,13 +26,6 @@ TURNS = [
     "or to take arms against a sea of troubles",
     "and by opposing end them to die to sleep no more",
 ]
-
-
-@pytest.fixture(scope="module")
-def chat_tokenizer(tiny_tokenizer):
-    tok = copy.deepcopy(tiny_tokenizer)
-    tok.chat_template = TEMPLATE
-    return tok
 
 
 @pytest.fixture(scope="module")
