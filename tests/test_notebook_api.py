@@ -118,6 +118,25 @@ def test_a_bare_stream_result_gives_figures_and_a_frame(llama, tmp_path):
     )
 
 
+def test_a_figure_write_cut_short_leaves_the_previous_file(tmp_path, monkeypatch):
+    """figures.save renders the PNG in memory and renames it into place: a failure while
+    rendering keeps the old figure and leaves no temporary file beside it."""
+    fig = figures.bars_figure(["a", "b"], [1.0, 2.0], title="t", ylabel="y")
+    path = figures.save(fig, tmp_path / "bars.png")
+    before = path.read_bytes()
+    assert before.startswith(b"\x89PNG")
+
+    def broken(self, fname, **kwargs):
+        fname.write(b"\x89PNG half")
+        raise OSError("disk full")
+
+    monkeypatch.setattr(type(fig), "savefig", broken)
+    with pytest.raises(OSError, match="disk full"):
+        figures.save(fig, path)
+    assert path.read_bytes() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bars.json", "bars.png"]
+
+
 @pytest.mark.integration
 def test_the_quickstart_notebook_runs():
     """examples/quickstart.ipynb, executed top to bottom in a fresh kernel (its time is measured in

@@ -11,6 +11,7 @@ what is plotted.
 
 from __future__ import annotations
 
+import io
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -18,7 +19,7 @@ from typing import Any
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
-from sinklab.meta import write_json_atomic
+from sinklab.meta import write_bytes_atomic, write_json_atomic
 
 DPI = 110
 
@@ -58,12 +59,15 @@ def save(
     fig: Figure, path: Path, numbers: Any = None, *, dpi: int = DPI, tight: bool = True
 ) -> Path:
     """Write ``fig`` to ``path`` (PNG) and its plotted numbers beside it (``NAME.json``):
-    ``numbers``, else those :func:`with_numbers` attached."""
+    ``numbers``, else those :func:`with_numbers` attached. Both are written atomically (the PNG
+    is rendered in memory first): an interrupted run leaves the previous figure, never half."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     if tight:
         fig.tight_layout()
-    fig.savefig(path, dpi=dpi)
+    png = io.BytesIO()
+    fig.savefig(png, format="png", dpi=dpi)
+    write_bytes_atomic(path, png.getvalue())
     write_json_atomic(path.with_suffix(".json"), plotted(fig) if numbers is None else numbers)
     return path
 
@@ -78,7 +82,7 @@ def heatmap_figure(
     vmin: float | None = 0.0,
     vmax: float | None = 1.0,
     numbers: Mapping[str, Any] | None = None,
-) -> Path:
+) -> Figure:
     """A layer x head (rows x columns) heatmap, layer 0 at the top; its numbers: ``numbers``
     (default ``{"matrix": matrix}``)."""
     rows, cols = len(matrix), len(matrix[0]) if matrix else 0
@@ -105,7 +109,7 @@ def curves_figure(
     logy: bool = False,
     hline: float | None = None,
     vline: float | None = None,
-) -> Path:
+) -> Figure:
     """One line per series over a shared x axis (series may be shorter than x)."""
     fig, ax = subplots(figsize=(6.4, 3.8))
     for name, ys in series.items():
@@ -140,7 +144,7 @@ def bars_figure(
     title: str,
     ylabel: str,
     logy: bool = False,
-) -> Path:
+) -> Figure:
     """One bar per condition, the value printed above it."""
     fig, ax = subplots(figsize=(6.4, 3.6))
     ax.bar(range(len(values)), values, color="#2952a3")

@@ -222,12 +222,18 @@ def write_text_atomic(path: Path, text: str) -> Path:
     """Write ``text`` (UTF-8) to ``path`` via a temporary file beside it and a rename: a crash
     or an error mid-write leaves the previous file (or none), never half a file. The file
     follows the user's umask like any other."""
+    return write_bytes_atomic(path, text.encode("utf-8"))
+
+
+def write_bytes_atomic(path: Path, data: bytes) -> Path:
+    """Write ``data`` to ``path`` via a temporary file beside it and a rename (the bytes form of
+    :func:`write_text_atomic`: figures, caches)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
     try:
         os.fchmod(fd, 0o666 & ~_umask())
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
