@@ -18,7 +18,6 @@ from sinklab.errors import SinklabError
 from sinklab.stream.chat import ChatConfig, ChatSession
 from sinklab.stream.generation import GenerateConfig
 
-TEMPLATE = CHAT_TEMPLATE  # the other chat and serve tests import it from here
 TURNS = [
     "To be or not to be",
     "that is the question whether tis nobler in the mind to suffer",
@@ -189,7 +188,7 @@ def test_prepend_default_is_the_template_start_not_a_second_bos(chat_model, bos_
     """--prepend default means what no --prepend means: the chat template writes the start
     (a BOS tokenizer's <bos> is not added a second time before it)."""
     tok = copy.deepcopy(bos_tokenizer)
-    tok.chat_template = TEMPLATE
+    tok.chat_template = CHAT_TEMPLATE
     plain = ChatSession(chat_model, tok, ChatConfig(n_sink=2, window=10, max_new_tokens=2))
     default = ChatSession(
         chat_model, tok, ChatConfig(n_sink=2, window=10, max_new_tokens=2, prepend="default")

@@ -47,24 +47,18 @@ OFFLOAD = {
 ATOL = 1e-5
 #: a GPU's float32 reductions run in another order than the CPU's: relative 1e-4 between them
 GPU_ATOL = 1e-4
-TEMPLATE = (
-    "{% for m in messages %}<s> {{ m['role'] }} {{ m['content'] }} </s> {% endfor %}"
-    "{% if add_generation_prompt %}<s> assistant {% endif %}"
-)
 POLICIES = ("dense", "window", "sink", "recompute")
 
 
 @pytest.fixture(scope="module")
-def folder(tmp_path_factory, tiny_tokenizer):
+def folder(tmp_path_factory, chat_tokenizer):
     """3 layers, weights large enough that attention is not uniform (positions matter), and a
     position bound of 32 that the streams below cross."""
     path = tmp_path_factory.mktemp("tiny-dispatch")
     model = make_tiny_model("llama", seed=3, n_layers=3, initializer_range=0.2)
     model.config.max_position_embeddings = 32
     model.save_pretrained(path)
-    tok = copy.deepcopy(tiny_tokenizer)
-    tok.chat_template = TEMPLATE
-    tok.save_pretrained(path)
+    chat_tokenizer.save_pretrained(path)
     return path
 
 

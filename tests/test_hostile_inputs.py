@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
+from conftest import CHAT_TEMPLATE
 from helpers import assert_one_line_error, one_line_error, run_main, run_process
 from sinklab import safeio
 from sinklab.errors import SinklabError
-from test_chat import TEMPLATE
 
 TIMEOUT = 120  # a process that would block on a FIFO or read /dev/zero is killed, and fails
 
@@ -229,7 +229,7 @@ def chat_dir(tmp_path_factory, tiny_tokenizer):
     from conftest import make_tiny_model
 
     tok = copy.deepcopy(tiny_tokenizer)
-    tok.chat_template = TEMPLATE
+    tok.chat_template = CHAT_TEMPLATE
     folder = tmp_path_factory.mktemp("hostile-chat")
     make_tiny_model("llama").save_pretrained(folder)
     tok.save_pretrained(folder)

@@ -7,7 +7,6 @@ bind rule. Crash, corrupt files and a full disk are in tests/test_serve_faults.p
 
 from __future__ import annotations
 
-import copy
 import subprocess
 import sys
 import threading
@@ -23,10 +22,6 @@ from sinklab.models.loading import load_model
 from sinklab.stream.chat import ChatConfig, ChatSession
 
 N_SINK, WINDOW, MAX_TOKENS = 2, 30, 8
-TEMPLATE = (
-    "{% for m in messages %}<s> {{ m['role'] }} {{ m['content'] }} </s> {% endfor %}"
-    "{% if add_generation_prompt %}<s> assistant {% endif %}"
-)
 TURNS = [
     "To be or not to be",
     "that is the question whether tis nobler in the mind to suffer",
@@ -37,12 +32,10 @@ KEYS = ("key-a", "key-b")
 
 
 @pytest.fixture(scope="module")
-def chat_dir(tmp_path_factory, tiny_model_factory, tiny_tokenizer) -> Path:
+def chat_dir(tmp_path_factory, tiny_model_factory, chat_tokenizer) -> Path:
     folder = tmp_path_factory.mktemp("tiny-chat-serve")
-    tok = copy.deepcopy(tiny_tokenizer)
-    tok.chat_template = TEMPLATE
     tiny_model_factory("llama", seed=13).save_pretrained(folder)
-    tok.save_pretrained(folder)
+    chat_tokenizer.save_pretrained(folder)
     return folder
 
 

@@ -6,7 +6,6 @@ fails the turn and keeps the session as it was."""
 
 from __future__ import annotations
 
-import copy
 import hashlib
 import json
 import os
@@ -27,19 +26,17 @@ from sinklab.models.loading import load_model
 from sinklab.serve.sessions import Session, SessionStore
 from sinklab.stream.cache import SinkCache
 from sinklab.stream.chat import ChatConfig, ChatSession
-from test_chat import TEMPLATE, TURNS  # the chat tests' template and turns
+from test_chat import TURNS  # the chat tests' turns
 
 N_SINK, WINDOW, MAX_TOKENS = 2, 30, 8
 IDENTITY = {"model": "tiny", "n_sink": N_SINK, "window": WINDOW}
 
 
 @pytest.fixture(scope="module")
-def chat_dir(tmp_path_factory, tiny_model_factory, tiny_tokenizer) -> Path:
+def chat_dir(tmp_path_factory, tiny_model_factory, chat_tokenizer) -> Path:
     folder = tmp_path_factory.mktemp("tiny-chat-faults")
-    tok = copy.deepcopy(tiny_tokenizer)
-    tok.chat_template = TEMPLATE
     tiny_model_factory("llama", seed=13).save_pretrained(folder)
-    tok.save_pretrained(folder)
+    chat_tokenizer.save_pretrained(folder)
     return folder
 
 
