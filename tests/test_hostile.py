@@ -347,9 +347,14 @@ def test_a_cache_that_rebuilding_cannot_heal_says_it_is_safe_to_delete(tmp_path,
 
 
 @pytest.mark.integration
-def test_the_embedded_model_cache_heals_in_one_line(tmp_path):
+def test_the_embedded_model_cache_heals_in_one_line(tmp_path, smollm2):
     """A truncated embedded-model cache: one line says it is rebuilt, then the run works (no
-    GGUF progress bars); the rebuilt files follow the umask."""
+    GGUF progress bars); the rebuilt files follow the umask. The cache starts as a copy of the
+    user's whole one (the ``smollm2`` fixture built it), so the GGUF is converted once here."""
+    from sinklab.models.zoo import cache_dir
+
+    (whole,) = cache_dir().glob("smollm2-135m-*")
+    shutil.copytree(whole, tmp_path / whole.name)
     env = {**os.environ, "SINKLAB_CACHE": str(tmp_path)}
     run = [sys.executable, "-m", "sinklab.cli", "info", "--format", "json"]
     first = subprocess.run(run, capture_output=True, text=True, env=env, timeout=900)
