@@ -130,7 +130,9 @@ def test_probe_lengths_equals_separate_probes():
     ids = torch.randint(3, 500, (48,))
     cfg = ProbeConfig(q0=1)
     seen = []
-    trend = probe_lengths(model, ids, [32, 16, 48], cfg, callback=lambda d, t: seen.append((d, t)))
+    trend = probe_lengths(
+        model, ids, [32, 16, 48], cfg, progress=lambda d, t, _note: seen.append((d, t))
+    )
     assert trend.lengths == [16, 32, 48]
     for n, rate, mean in zip(trend.lengths, trend.sink_rate, trend.mean_sink_mass, strict=True):
         one = probe(model, ids[:n], cfg)

@@ -166,7 +166,7 @@ def _probe_protocol(
     ids = sample_windows(txt, loaded.tokenizer, tokens, samples, prepend)
     start = time.perf_counter()
     with progress(enabled=fmt is OutputFormat.text) as bars:
-        result = run_protocol(loaded.model, ids, p, callback=bars.callback(f"protocol {name}"))
+        result = run_protocol(loaded.model, ids, p, progress=bars.callback(f"protocol {name}"))
     data = result.to_json()
     params = {"protocol": name, "samples": samples, "tokens": tokens, "prepend": prepend}
     first = first_spec.record(loaded.tokenizer, ids)

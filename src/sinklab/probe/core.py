@@ -8,7 +8,7 @@ import inspect
 import logging
 import math
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -22,12 +22,10 @@ from sinklab.probe.config import ProbeConfig
 from sinklab.probe.geometry import Geometry, capture_geometry
 from sinklab.probe.metrics import layer_means, nan_mean
 from sinklab.probe.spec import BY_NAME, measured, names
+from sinklab.progress import Progress, quiet
 from sinklab.seam import check_supported, sinklab_attention
 
 log = logging.getLogger(__name__)
-
-#: callback(done, total): layers finished so far (over all runs of a call) and the total
-ProgressCallback = Callable[[int, int], None]
 
 
 @dataclass
@@ -131,14 +129,14 @@ def probe(
     model: nn.Module,
     ids: Tensor,
     config: ProbeConfig | None = None,
-    callback: ProgressCallback | None = None,
+    progress: Progress = quiet,
 ) -> ProbeResult:
     """Run ``model`` once on ``ids`` (LongTensor (T,) or (1, T)) and measure every layer and head.
 
     Composes with active interventions: inside ``with sinklab_attention(model, handler):`` the
-    probe measures the weights after ``handler`` changed them. ``callback(done, n_layers)`` is
-    called as each layer finishes. Raises :class:`SinklabError` for bad inputs or a model whose
-    attention can't be captured.
+    probe measures the weights after ``handler`` changed them. ``progress(done, n_layers, note)``
+    (:data:`~sinklab.progress.Progress`) is called as each layer finishes. Raises
+    :class:`SinklabError` for bad inputs or a model whose attention can't be captured.
     """
     config = config or ProbeConfig()
     ids = _as_ids(ids)
@@ -155,8 +153,7 @@ def probe(
     def tick(layer: int) -> None:
         if layer not in done:
             done.add(layer)
-            if callback is not None:
-                callback(len(done), n_layers)
+            progress(len(done), n_layers, f"layer {len(done)}/{n_layers}")
 
     capture = ProbeCapture(
         n_heads,
@@ -247,13 +244,14 @@ def probe_lengths(
     ids: Tensor,
     lengths: Sequence[int],
     config: ProbeConfig | None = None,
-    callback: ProgressCallback | None = None,
+    progress: Progress = quiet,
     known: ProbeResult | None = None,
 ) -> LengthTrend:
     """Probe the prefixes ``ids[:n]`` for each n in ``lengths`` (same text, growing context).
 
     ``known`` (a result on ``ids[:known.n_tokens]`` with the same config) is reused for its length.
-    ``callback(done, total)`` counts layers over all lengths.
+    ``progress(done, total, note)`` (:data:`~sinklab.progress.Progress`) counts layers over all
+    lengths, its note naming the length.
     """
     config = config or ProbeConfig()
     ids = _as_ids(ids)
@@ -265,14 +263,12 @@ def probe_lengths(
             res = known
         else:
 
-            def cb(done: int, total: int, base: int = offset) -> None:
-                if callback is not None:
-                    callback(base + done, total * len(ns))
+            def one(done: float, total: float, _note: str, base: int = offset, n: int = n) -> None:
+                progress(base + done, total * len(ns), f"{n} tokens")
 
-            res = probe(model, ids[:, :n], config, cb)
+            res = probe(model, ids[:, :n], config, one)
         offset += res.n_layers
-        if callback is not None:
-            callback(offset, res.n_layers * len(ns))
+        progress(offset, res.n_layers * len(ns), f"{n} tokens")
         trend.lengths.append(n)
         trend.sink_rate.append(res.sink_rate)
         trend.mean_sink_mass.append(nan_mean(res.sink_mass))

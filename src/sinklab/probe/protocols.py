@@ -35,6 +35,7 @@ from torch import Tensor, nn
 from sinklab.errors import SinklabError
 from sinklab.models.arch import input_device, model_shape
 from sinklab.probe.core import _forward_kwargs
+from sinklab.progress import Progress, quiet
 from sinklab.seam import AttentionChunk, AttentionHandler, check_supported, sinklab_attention
 from sinklab.seam.observe import LayerView
 
@@ -141,11 +142,11 @@ def sample_alphas(
     model: nn.Module,
     ids: Tensor,
     batch: int = 8,
-    callback: Callable[[int, int], None] | None = None,
+    progress: Progress = quiet,
 ) -> Tensor:
     """``alpha`` (N, L, H, T) of every sample (row of ``ids`` (N, T)), ``batch`` rows a forward.
 
-    ``callback(done, total)`` counts samples."""
+    ``progress(done, total, note)`` (:data:`~sinklab.progress.Progress`) counts samples."""
     ids = torch.as_tensor(ids)
     if ids.dim() != 2 or ids.shape[1] < 2 or ids.dtype not in (torch.long, torch.int):
         raise SinklabError(f"samples must be token ids (N, T) with T >= 2, got {tuple(ids.shape)}")
@@ -161,8 +162,8 @@ def sample_alphas(
         with torch.no_grad(), sinklab_attention(model, capture):
             model(rows.to(device), **_forward_kwargs(model))
         out.append(capture.alphas(n_layers))
-        if callback is not None:
-            callback(start + rows.shape[0], ids.shape[0])
+        done = start + int(rows.shape[0])
+        progress(done, int(ids.shape[0]), f"sample {done}/{ids.shape[0]}")
     return torch.cat(out)
 
 
@@ -225,11 +226,12 @@ def run_protocol(
     ids: Tensor,
     protocol: Protocol | str,
     batch: int = 8,
-    callback: Callable[[int, int], None] | None = None,
+    progress: Progress = quiet,
 ) -> ProtocolResult:
-    """The protocol's sink rate on the samples ``ids`` (N, T)."""
+    """The protocol's sink rate on the samples ``ids`` (N, T); ``progress(done, total, note)``
+    (:data:`~sinklab.progress.Progress`) counts samples."""
     p = protocol if isinstance(protocol, Protocol) else get_protocol(protocol)
-    return protocol_result(sample_alphas(model, ids, batch, callback), p)
+    return protocol_result(sample_alphas(model, ids, batch, progress), p)
 
 
 def protocol_sentences(data: dict[str, Any]) -> list[str]:

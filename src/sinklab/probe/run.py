@@ -13,10 +13,7 @@ from sinklab.corpus import check_token_spec
 from sinklab.errors import SinklabError
 from sinklab.models.arch import model_shape
 from sinklab.probe.core import ProbeConfig, ProbeResult, check_lengths, probe, probe_lengths
-from sinklab.progress import Progress
-
-#: callback(layers done over every run, total, label): the one progress protocol
-RunCallback = Progress
+from sinklab.progress import Progress, quiet
 
 
 @dataclass(frozen=True)
@@ -71,19 +68,20 @@ class ProbeRun:
         ]
 
     def run(
-        self, model: nn.Module, ids: Tensor, callback: RunCallback | None = None
+        self, model: nn.Module, ids: Tensor, progress: Progress = quiet
     ) -> tuple[ProbeResult, dict[str, Any]]:
         """Probe ``ids[:tokens]`` (``ids``: at least :attr:`need` tokens), then each length:
-        the probe's result and its JSON, with ``by_length`` when lengths were asked."""
+        the probe's result and its JSON, with ``by_length`` when lengths were asked.
+        ``progress(done, total, note)`` (:data:`~sinklab.progress.Progress`) counts layers over
+        every run, its note naming the run."""
         n_layers = model_shape(model)[0]
         total = n_layers * (1 + len(self.lengths or ()))  # layers over every run
 
-        def say(done: int, label: str) -> None:
-            if callback is not None:
-                callback(done, total, label)
+        def say(done: float, label: str) -> None:
+            progress(done, total, label)
 
         label = f"{self.tokens} tokens"
-        result = probe(model, ids[: self.tokens], self.config, lambda d, _: say(d, label))
+        result = probe(model, ids[: self.tokens], self.config, lambda d, _t, _n: say(d, label))
         data = result.to_json()
         if self.lengths:
             trend = probe_lengths(
@@ -91,7 +89,7 @@ class ProbeRun:
                 ids,
                 self.lengths,
                 self.config,
-                callback=lambda d, _: say(n_layers + d, "lengths"),
+                progress=lambda d, _t, note: say(n_layers + d, f"lengths: {note}"),
                 known=result,
             )
             data["by_length"] = trend.to_json()

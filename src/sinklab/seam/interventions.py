@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -27,6 +27,7 @@ from torch import Tensor, nn
 from sinklab.attention import sink_softmax, softmax
 from sinklab.errors import SinklabError
 from sinklab.models.arch import input_device, model_shape
+from sinklab.progress import Progress, quiet
 from sinklab.seam import AttentionChunk, AttentionHandler, sinklab_attention
 
 log = logging.getLogger(__name__)
@@ -307,7 +308,7 @@ def jacobian_sensitivity(
     probes: int | None = None,
     batch: int = 64,
     seed: int = 0,
-    callback: Callable[[int, int], None] | None = None,
+    progress: Progress = quiet,
 ) -> Tensor:
     """``S[a, b] = ||d h[t_a] / d x[i_b]||_F`` for ``t`` in ``query_pos``, ``i`` in ``key_pos``.
 
@@ -317,7 +318,9 @@ def jacobian_sensitivity(
     are active during the forward. ``probes=None`` is exact (``d`` vector-Jacobian products per
     query, batched ``batch`` at a time); ``probes=k`` estimates the squared norm without bias with
     ``k`` Rademacher probes (Hutchinson), ``k`` VJPs per query. Each query runs a forward over its
-    prefix only (causality makes that exact). Returns float64 ``(len(query_pos), len(key_pos))``.
+    prefix only (causality makes that exact). ``progress(done, total, note)``
+    (:data:`~sinklab.progress.Progress`) counts queries. Returns float64
+    ``(len(query_pos), len(key_pos))``.
     """
     ids = ids if ids.ndim == 2 else ids[None]  # (1, T)
     t_max = ids.shape[-1] - 1
@@ -354,6 +357,5 @@ def jacobian_sensitivity(
                 sq /= float(probes)
             valid = keys <= t
             result[a, valid] = sq[keys[valid]].sqrt()
-            if callback is not None:
-                callback(a + 1, len(query_pos))
+            progress(a + 1, len(query_pos), f"query {t}")
     return result
