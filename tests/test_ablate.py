@@ -26,7 +26,9 @@ def test_each_experiment_end_to_end(tiny, tiny_tokenizer, tmp_path, name):
     ids = torch.randint(4, 500, (2, 20), generator=torch.Generator().manual_seed(0))
     config = AblationConfig(grid=4, probes=0, lams=(0.0, 0.5, 1.0))
     calls = []
-    res = run_experiment(name, tiny, tiny_tokenizer, ids, config, lambda d, t: calls.append(d))
+    res = run_experiment(
+        name, tiny, tiny_tokenizer, ids, config, lambda d, t, note: calls.append(d)
+    )
     data = json.loads(json.dumps(res.to_json()))
     assert data["experiment"] == name and res.config.grid == 4
     texts = 2 if get_experiment(name).texts else 1  # one row unless the record reads several

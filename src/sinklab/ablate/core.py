@@ -21,7 +21,6 @@ DEFAULT_MODES = ("keep", "drop", "bos", "newline", "word")
 DEFAULT_LAMS = (0.0, 0.1, 0.25, 0.5, 0.75, 1.0)
 DEFAULT_TEMPERATURES = (0.5, 0.75, 1.0, 1.5, 2.0, 4.0)
 DENSITY_PROTOCOLS = ("mix", "temperature", "replace")
-ProgressCallback = Callable[[int, int], None]
 
 
 @dataclass(frozen=True)

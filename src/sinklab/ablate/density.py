@@ -16,11 +16,12 @@ from typing import Any
 
 from torch import Tensor, nn
 
-from sinklab.ablate.core import AblationConfig, ProgressCallback
+from sinklab.ablate.core import AblationConfig
 from sinklab.ablate.perplexity import perplexity
 from sinklab.models.arch import model_shape
 from sinklab.probe.geometry import capture_geometry, middle_third
 from sinklab.probe.metrics import nan_mean
+from sinklab.progress import Progress, quiet
 from sinklab.seam.interventions import (
     AttentionMix,
     AttentionReplace,
@@ -90,7 +91,7 @@ def density_experiment(
     tokenizer: Any,
     ids: Tensor,
     config: AblationConfig,
-    callback: ProgressCallback | None = None,
+    progress: Progress = quiet,
 ) -> tuple[dict[str, dict[str, Any]], dict[str, Any], str]:
     n_layers, _ = model_shape(model)
     group = density_layers(config, n_layers)
@@ -104,7 +105,8 @@ def density_experiment(
         with intervene(model, *handlers), capture_geometry(model, DENSITY_SITES) as geo:
             ppl = perplexity(model, ids, config.first_target)
         sim = {s: geo.series("token_similarity", s, final=True) for s in DENSITY_SITES}
-        conditions["unmodified" if value is None else f"{param}={value:g}"] = {
+        name = "unmodified" if value is None else f"{param}={value:g}"
+        conditions[name] = {
             param: value,
             "ppl": ppl.perplexity,
             "nll": ppl.nll,
@@ -112,8 +114,7 @@ def density_experiment(
             "token_similarity": sim,
             "after_group_similarity": {s: after_group(sim[s], group) for s in DENSITY_SITES},
         }
-        if callback is not None:
-            callback(n + 1, len(plan))
+        progress(n + 1, len(plan), name)
     curves = {
         s: [conditions[f"{param}={v:g}"]["after_group_similarity"][s] for v in values]
         for s in DENSITY_SITES

@@ -1,6 +1,8 @@
 """First-token, mask-sink, sensitivity and geometry (density: :mod:`sinklab.ablate.density`).
 
-Each returns ``(conditions, extra, finding)``; the finding is computed from the numbers by the
+Each takes ``(model, tokenizer, ids, config, progress)``, ``progress(done, total, note)`` (the
+one :data:`~sinklab.progress.Progress`) counting its conditions, the note naming the one just
+done, and returns ``(conditions, extra, finding)``; the finding is computed from the numbers by the
 rule of docs/experiments.md, and names the claim and its paper."""
 
 from __future__ import annotations
@@ -10,7 +12,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from sinklab.ablate.core import AblationConfig, ProgressCallback, thirds
+from sinklab.ablate.core import AblationConfig, thirds
 from sinklab.ablate.first_token import first_token
 from sinklab.ablate.perplexity import perplexity
 from sinklab.claims.effects import first_token_cosine_effect
@@ -23,6 +25,7 @@ from sinklab.probe.metrics import HEAD_KINDS, layer_means
 from sinklab.probe.metrics import nan_mean as mean  # NaN-skipping, as every per-head mean
 from sinklab.probe.spec import rate_key
 from sinklab.probe.summary import ranges
+from sinklab.progress import Progress, quiet
 from sinklab.seam.interventions import MaskSink, intervene, jacobian_sensitivity
 
 # The claims, as the findings name them (paper, then the claim).
@@ -38,11 +41,6 @@ CLAIM_GEOMETRY = (
 )
 
 Out = tuple[dict[str, dict[str, Any]], dict[str, Any], str]
-
-
-def _tick(callback: ProgressCallback | None, done: int, total: int) -> None:
-    if callback is not None:
-        callback(done, total)
 
 
 def _probe(model: nn.Module, ids: Tensor, config: AblationConfig) -> ProbeResult:
@@ -64,7 +62,11 @@ def _pct(new: float, old: float) -> str:
 
 # --------------------------------------------------------------------------- first-token
 def first_token_experiment(
-    model: nn.Module, tokenizer: Any, ids: Tensor, config: AblationConfig, callback=None
+    model: nn.Module,
+    tokenizer: Any,
+    ids: Tensor,
+    config: AblationConfig,
+    progress: Progress = quiet,
 ) -> Out:
     conditions: dict[str, dict[str, Any]] = {}
     skipped: dict[str, str] = {}
@@ -80,7 +82,7 @@ def first_token_experiment(
             **ppl.to_json(),
             **_sink_numbers(_probe(model, edit.ids, config)),
         }
-        _tick(callback, n + 1, len(config.modes))
+        progress(n + 1, len(config.modes), mode)
     key = rate_key(config.eps[0])
     base = conditions.get("keep") or next(iter(conditions.values()))
     base_name = "keep" if "keep" in conditions else next(iter(conditions))
@@ -117,7 +119,11 @@ def _layer_conditions(model: nn.Module, config: AblationConfig) -> dict[str, tup
 
 
 def mask_sink_experiment(
-    model: nn.Module, tokenizer: Any, ids: Tensor, config: AblationConfig, callback=None
+    model: nn.Module,
+    tokenizer: Any,
+    ids: Tensor,
+    config: AblationConfig,
+    progress: Progress = quiet,
 ) -> Out:
     pos = frozenset(config.positions)
     heads = frozenset(config.heads) if config.heads else None
@@ -135,7 +141,7 @@ def mask_sink_experiment(
             "mean_token_similarity": mean(res.token_similarity),
             **_sink_numbers(res),
         }
-        _tick(callback, n + 1, len(plan))
+        progress(n + 1, len(plan), name)
     never, full = conditions["never"], conditions["all layers"]
     parts = ", ".join(
         f"{k}: {c['perplexity']:.2f}" for k, c in conditions.items() if k.endswith("third")
@@ -168,7 +174,11 @@ def by_distance(s: Tensor, t: list[int], i: list[int]) -> dict[str, float]:
 
 
 def sensitivity_experiment(
-    model: nn.Module, tokenizer: Any, ids: Tensor, config: AblationConfig, callback=None
+    model: nn.Module,
+    tokenizer: Any,
+    ids: Tensor,
+    config: AblationConfig,
+    progress: Progress = quiet,
 ) -> Out:
     pos = grid_positions(int(ids.shape[-1]), config.grid)
     probes = config.probes or None
@@ -179,8 +189,8 @@ def sensitivity_experiment(
     mats: dict[str, list] = {}
     for n, (name, handlers) in enumerate(plan.items()):
 
-        def inner(done: int, total: int, n: int = n) -> None:
-            _tick(callback, n * total + done, 2 * total)
+        def inner(done: float, total: float, note: str, n: int = n, name: str = name) -> None:
+            progress(n * total + done, 2 * total, f"{name}: {note}")
 
         for h in handlers:
             h.check(model)
@@ -192,7 +202,7 @@ def sensitivity_experiment(
             handlers=handlers,
             probes=probes,
             seed=config.seed,
-            callback=inner,
+            progress=inner,
             batch=8 if probes else 64,
         )
         off = [
@@ -272,7 +282,11 @@ def _positive_layers(cos: Tensor, middle: list[int]) -> str:
 
 
 def geometry_experiment(
-    model: nn.Module, tokenizer: Any, ids: Tensor, config: AblationConfig, callback=None
+    model: nn.Module,
+    tokenizer: Any,
+    ids: Tensor,
+    config: AblationConfig,
+    progress: Progress = quiet,
 ) -> Out:
     n_layers, n_heads = model_shape(model)
     conditions: dict[str, dict[str, Any]] = {}
@@ -292,7 +306,7 @@ def geometry_experiment(
             "head_kind_census": census,
             "head_kind": res.head_kind,
         }
-        _tick(callback, n + 1, len(ids))
+        progress(n + 1, len(ids), f"text {n}")
     site = "attention_input"
     cos = torch.tensor([[e["first_token_cosine"][site] for e in r] for r in rows])  # (B, L)
     middle = middle_third(n_layers)

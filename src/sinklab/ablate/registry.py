@@ -18,9 +18,10 @@ import torch
 from torch import Tensor, nn
 
 from sinklab.ablate import density, experiments
-from sinklab.ablate.core import AblationConfig, AblationResult, ProgressCallback
+from sinklab.ablate.core import AblationConfig, AblationResult
 from sinklab.errors import SinklabError
 from sinklab.models.arch import model_shape
+from sinklab.progress import Progress, quiet
 
 log = logging.getLogger(__name__)
 
@@ -29,9 +30,9 @@ Runner = Callable[..., tuple[dict[str, dict[str, Any]], dict[str, Any], str]]
 
 @dataclass(frozen=True)
 class Experiment:
-    """An experiment: ``run(model, tokenizer, ids, config, callback) -> (conditions, extra,
-    finding)``; ``plot`` names its function in :mod:`sinklab.ablate.plots` (imported on use, as
-    matplotlib is heavy)."""
+    """An experiment: ``run(model, tokenizer, ids, config, progress) -> (conditions, extra,
+    finding)``, ``progress`` the one :data:`~sinklab.progress.Progress`; ``plot`` names its
+    function in :mod:`sinklab.ablate.plots` (imported on use, as matplotlib is heavy)."""
 
     name: str
     title: str
@@ -153,12 +154,13 @@ def run_experiment(
     tokenizer: Any,
     ids: Tensor,
     config: AblationConfig | None = None,
-    callback: ProgressCallback | None = None,
+    progress: Progress = quiet,
 ) -> AblationResult:
     """Run experiment ``name`` on ``ids`` (LongTensor (T,), or (B, T): B texts where the record
     reads several, e.g. geometry; else the first row).
 
-    ``callback(done, total)`` reports progress over the experiment's conditions.
+    ``progress(done, total, note)`` (:data:`~sinklab.progress.Progress`) counts the experiment's
+    conditions, the note naming the one just done.
     """
     record = get_experiment(name)
     config = config or AblationConfig()
@@ -169,7 +171,7 @@ def run_experiment(
     config.check_tokens(int(ids.shape[-1]))
     config.check_model(*model_shape(model))
     start = time.perf_counter()
-    conditions, extra, finding = record.run(model, tokenizer, ids, config, callback)
+    conditions, extra, finding = record.run(model, tokenizer, ids, config, progress)
     seconds = time.perf_counter() - start
     log.info("ablate %s: %.1fs: %s", name, seconds, finding)
     # meta: the caller's (sinklab.meta.attach_meta)

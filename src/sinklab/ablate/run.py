@@ -15,7 +15,7 @@ from sinklab.ablate.inputs import experiment_ids
 from sinklab.ablate.registry import check_experiment, get_experiment, run_experiment
 from sinklab.corpus import FirstToken, Text
 from sinklab.errors import SinklabError
-from sinklab.progress import Progress
+from sinklab.progress import Progress, quiet
 
 #: config field -> its ``sinklab ablate`` option, written by :meth:`AblationRun.argv` when it
 #: differs from the default (q0 and seed always)
@@ -72,16 +72,12 @@ class AblationRun:
         return experiment_ids(text_spec, text, tokenizer, self.tokens, self.rows, first)
 
     def run(
-        self, model: Any, tokenizer: Any, ids: Tensor, progress: Progress | None = None
+        self, model: Any, tokenizer: Any, ids: Tensor, progress: Progress = quiet
     ) -> AblationResult:
-        """The experiment on ``ids``; ``progress(done, total, note)`` over its conditions. The
-        result is bare (its ``meta`` is the caller's: :func:`sinklab.meta.attach_meta`)."""
-
-        def tick(done: int, total: int) -> None:
-            if progress is not None:
-                progress(done, total, f"condition {done}/{total}")
-
-        return run_experiment(self.experiment, model, tokenizer, ids, self.config, tick)
+        """The experiment on ``ids``; ``progress(done, total, note)`` over its conditions, the
+        note naming the one just done. The result is bare (its ``meta`` is the caller's:
+        :func:`sinklab.meta.attach_meta`)."""
+        return run_experiment(self.experiment, model, tokenizer, ids, self.config, progress)
 
     def figures(self, result: AblationResult) -> dict[str, Any]:
         """The experiment's Figure, by name."""
