@@ -96,7 +96,7 @@ def _dynamic_cache_loop(model, ids, out, tick) -> int:
         for t in range(n):
             logits = model(ids[t : t + 1].view(1, 1), cache=cache).logits[0, -1]
             out[t] = _target_nll(logits, int(ids[t + 1]))
-            tick(t + 1, n, 0.0)
+            tick(t + 1, n, "")
     return int(cache.layers[0].keys.shape[-2])
 
 
@@ -129,7 +129,7 @@ def worker(spec: dict) -> dict:
     marks_at = set(spec.get("checkpoints", []))
     last = {"done": 0, "at": time.perf_counter()}
 
-    def tick(done: int, total: int, ppl: float) -> None:
+    def tick(done: int, total: int, note: str) -> None:
         now = time.perf_counter()
         units = len(range(last["done"], done, every)) if every > 1 else done - last["done"]
         ms.extend([(now - last["at"]) * 1e3 / max(1, units)] * units)

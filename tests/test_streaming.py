@@ -66,13 +66,13 @@ def test_recompute_every_k_scores_every_kth_target_and_says_so(llama):
     }
 
 
-def test_progress_callback_reports_every_policy(llama):
+def test_progress_for_reports_every_policy(llama):
     seen: dict[str, tuple[int, int]] = {}
     streaming_perplexity(
         llama,
         _ids(20),
         StreamConfig(("window", "sink"), 2, 4, 20),
-        callback=lambda p, d, n, ppl: seen.__setitem__(p, (d, n)),
+        progress_for=lambda p: lambda d, n, note: seen.__setitem__(p, (d, n)),
     )
     assert seen == {"window": (19, 19), "sink": (19, 19)}
 

@@ -18,6 +18,17 @@ def quiet(done: float, total: float, note: str = "") -> None:
     """A :data:`Progress` that shows nothing (the default of a library call)."""
 
 
+ProgressFor = Callable[[str], Progress]
+"""One :data:`Progress` per named part of a run that does its parts one after another (a
+stream's policies, a sweep's runs), for a caller that shows one bar per part: called once with
+the part's name before the part starts, each part's ``done`` then counts that part alone."""
+
+
+def quiet_for(name: str) -> Progress:
+    """A :data:`ProgressFor` whose every part is :func:`quiet` (the default of a library call)."""
+    return quiet
+
+
 Tick = Callable[[str], None]
 """One more step of a counted run done, ``note`` naming it (what a run's parts call; the run
 turns the count into :data:`Progress` with :func:`counter`)."""

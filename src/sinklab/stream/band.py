@@ -49,6 +49,7 @@ from sinklab.attention import sink_softmax
 from sinklab.errors import SinklabError, check_positive
 from sinklab.models.arch import attention_modules, decoder_config, input_device, layer_kinds
 from sinklab.models.rotary import Rope
+from sinklab.progress import Progress, quiet
 from sinklab.seam import check_supported
 from sinklab.stream.cache import CacheConfig, SinkCache
 
@@ -358,13 +359,14 @@ def chunked_nll(
     ids: Tensor,
     cache_config: CacheConfig,
     chunk: int = DEFAULT_CHUNK,
-    callback: Callable[[int, int, float], None] | None = None,
+    progress: Progress = quiet,
     rss: Callable[[], float] | None = None,
     out: Tensor | None = None,
 ) -> tuple[Tensor, int, float]:
     """The step loop's result, ``chunk`` queries per forward: ``ids`` (T,) -> (nll (T-1,), most
     positions cached, peak sampled RSS MiB). Refuses what :class:`SinkCache` refuses. ``out``
-    (T-1,) float64, if given, is filled chunk by chunk (``callback`` after each).
+    (T-1,) float64, if given, is filled chunk by chunk; ``progress(done, total, note)`` (the one
+    :data:`~sinklab.progress.Progress`: targets, the running perplexity in the note) after each.
 
     Positions: the step loop's (:meth:`SinkCache.prepare`): below ``max_position`` (the model's
     ``max_position_embeddings``) for every bounded policy; before the token that would reach it,
@@ -403,6 +405,5 @@ def chunked_nll(
             state.advance()
             t0 = t1
             peak = max(peak, sample())
-            if callback is not None:
-                callback(t1, n, math.exp(total / t1))
+            progress(t1, n, f"ppl {math.exp(total / t1):.2f}")
     return nll, most_kept(n, sinks, recent), peak

@@ -42,6 +42,7 @@ from sinklab.errors import SinklabError, check_positive
 from sinklab.memory import SAMPLE_EVERY, rss_mb
 from sinklab.models.arch import input_device
 from sinklab.probe import ProbeConfig, probe
+from sinklab.progress import Progress, ProgressFor, quiet, quiet_for
 from sinklab.stream.band import DEFAULT_CHUNK, chunked_nll, chunked_refusal
 from sinklab.stream.cache import CacheConfig, SinkCache
 from sinklab.stream.oracle import recompute_nll, recompute_nll_batched
@@ -65,8 +66,6 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-#: callback(policy, done, total, running_ppl): called every few tokens and at the end
-StreamCallback = Callable[[str, int, int, float], None]
 METHODS = ("auto", "chunked", "step")  # same NLLs; step is the token-by-token reference
 
 
@@ -256,13 +255,15 @@ def stream_nll(
     model: Any,
     ids: Tensor,
     cache_config: CacheConfig,
-    callback: Callable[[int, int, float], None] | None = None,
+    progress: Progress = quiet,
     out: Tensor | None = None,
     period: int = SAMPLE_EVERY,
 ) -> tuple[Tensor, int, float]:
     """Token by token through a :class:`SinkCache`: ``ids`` (T,) -> (nll (T-1,), most positions
-    cached, peak sampled RSS MiB). ``out`` (T-1,) float64, if given, is filled as it goes (a
-    caller's callback, called every ``period`` tokens, can read the NLLs so far)."""
+    cached, peak sampled RSS MiB). ``progress(done, total, note)`` (the one
+    :data:`~sinklab.progress.Progress`: targets, the running perplexity in the note) is called
+    every ``period`` tokens; ``out`` (T-1,) float64, if given, is filled as it goes (so the
+    caller's ``progress`` can read the NLLs so far)."""
     cache = SinkCache(model, cache_config)
     dev, n = _device(model), ids.numel() - 1
     nll = torch.empty(n, dtype=torch.float64) if out is None else out
@@ -274,8 +275,7 @@ def stream_nll(
         most = max(most, cache.kept_length())
         if (t + 1) % period == 0 or t + 1 == n:
             peak = max(peak, rss_mb())
-            if callback is not None:
-                callback(t + 1, n, math.exp(total / (t + 1)))
+            progress(t + 1, n, f"ppl {math.exp(total / (t + 1)):.2f}")
     return nll, most, peak
 
 
@@ -294,19 +294,21 @@ def choose_sinks(model: Any, prefix: Tensor, n_sink: int) -> tuple[int, ...]:
 @dataclass(frozen=True)
 class Loop:
     """How a policy's runner loops and reports: ``chunked`` (the band evaluator and batched
-    oracle) or the step loop; ``callback(done, total, running_ppl)``; ``out`` (T-1,) float64
-    filled as it goes; ``period``: targets between callbacks of the one-per-forward loops."""
+    oracle) or the step loop; ``progress(done, total, note)`` (the one
+    :data:`~sinklab.progress.Progress`: targets, the running perplexity in the note); ``out``
+    (T-1,) float64 filled as it goes; ``period``: targets between reports of the one-per-forward
+    loops."""
 
     chunked: bool
-    callback: Callable[[int, int, float], None] | None = None
+    progress: Progress = quiet
     out: Tensor | None = None
     period: int = SAMPLE_EVERY
 
     def through(self, model: Any, ids: Tensor, cache: CacheConfig, chunk: int) -> Any:
         """``ids`` through ``cache`` -> (nll, most positions cached, peak RSS MiB)."""
         if self.chunked:
-            return chunked_nll(model, ids, cache, chunk, self.callback, rss_mb, self.out)
-        return stream_nll(model, ids, cache, self.callback, self.out, self.period)
+            return chunked_nll(model, ids, cache, chunk, self.progress, rss_mb, self.out)
+        return stream_nll(model, ids, cache, self.progress, self.out, self.period)
 
 
 #: (nll (T-1,) NaN where unscored, most positions cached (None: no cache), peak sampled RSS
@@ -333,9 +335,9 @@ def _recompute(model: Any, ids: Tensor, config: StreamConfig, loop: Loop) -> Any
     args = (model, ids, config.n_sink, config.window, config.recompute_every)
     if loop.chunked:
         batch = config.oracle_batch
-        nll, _, peak = recompute_nll_batched(*args, batch, loop.callback, rss_mb, loop.out)
+        nll, _, peak = recompute_nll_batched(*args, batch, loop.progress, rss_mb, loop.out)
     else:
-        nll, _, peak = recompute_nll(*args, loop.callback, rss_mb, loop.out, loop.period)
+        nll, _, peak = recompute_nll(*args, loop.progress, rss_mb, loop.out, loop.period)
     return nll, None, peak, None
 
 
@@ -364,7 +366,7 @@ def run_policy(
     ids: Tensor,
     config: StreamConfig,
     policy: str,
-    callback: Callable[[int, int, float], None] | None = None,
+    progress: Progress = quiet,
     out: Tensor | None = None,
     period: int = SAMPLE_EVERY,
     method: str | None = None,
@@ -372,22 +374,25 @@ def run_policy(
     """One policy on ``ids`` (T,) by ``method`` (chunked | step; None: ``config``'s choice,
     :meth:`StreamConfig.choose_method`) -> (nll (T-1,) NaN where unscored, most positions cached
     (None: recompute has no cache), peak sampled RSS MiB, sink-auto's sinks).
-    ``callback(done, total, running_ppl)``; ``out`` (T-1,) float64 is filled as the loop goes;
-    ``period``: tokens (targets) between callbacks of the one-per-forward loops."""
+    ``progress(done, total, note)`` (the one :data:`~sinklab.progress.Progress`: targets, the
+    running perplexity in the note, ``ppl 12.34``); ``out`` (T-1,) float64 is filled as the loop
+    goes; ``period``: tokens (targets) between reports of the one-per-forward loops."""
     chunked = (method or config.choose_method(model)[0]) == "chunked"
-    return POLICIES[policy].run(model, ids, config, Loop(chunked, callback, out, period))
+    return POLICIES[policy].run(model, ids, config, Loop(chunked, progress, out, period))
 
 
 def streaming_perplexity(
     model: Any,
     ids: Tensor,
     config: StreamConfig,
-    callback: StreamCallback | None = None,
+    progress_for: ProgressFor = quiet_for,
 ) -> StreamResult:
     """Run every policy of ``config`` on ``ids`` (LongTensor (T,)), one after another.
 
-    ``callback(policy, done, total, running_ppl)`` reports progress. The result's ``meta`` is the
-    caller's (:func:`sinklab.meta.attach_meta`).
+    ``progress_for(policy)`` (:data:`~sinklab.progress.ProgressFor`) is the policy's
+    :data:`~sinklab.progress.Progress`, asked for as the policy starts: its targets done of T-1,
+    the running perplexity in the note (``ppl 12.34``). The result's ``meta`` is the caller's
+    (:func:`sinklab.meta.attach_meta`).
     """
     ids = torch.as_tensor(ids).reshape(-1).long()
     if ids.numel() < 2:
@@ -395,7 +400,7 @@ def streaming_perplexity(
     method, why = config.choose_method(model)
     results: dict[str, PolicyResult] = {}
     for policy in config.policies:
-        tick = None if callback is None else (lambda d, n, p, _p=policy: callback(_p, d, n, p))
+        tick = progress_for(policy)
         t0 = time.perf_counter()
         nll, most, peak, sinks = run_policy(model, ids, config, policy, tick, method=method)
         seconds = time.perf_counter() - t0

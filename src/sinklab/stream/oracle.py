@@ -21,9 +21,8 @@ from torch import Tensor
 from sinklab.errors import check_positive
 from sinklab.memory import SAMPLE_EVERY
 from sinklab.models.arch import input_device
+from sinklab.progress import Progress, quiet
 from sinklab.stream.policy import kept_positions
-
-Tick = Callable[[int, int, float], None]  # (targets done up to, total, running ppl)
 
 
 def _nll_rows(logits: Tensor, targets: Tensor) -> Tensor:
@@ -49,14 +48,16 @@ def recompute_nll(
     n_sink: int,
     window: int,
     every: int = 1,
-    callback: Tick | None = None,
+    progress: Progress = quiet,
     rss: Callable[[], float] | None = None,
     out: Tensor | None = None,
     period: int | None = None,
 ) -> tuple[Tensor, int, float]:
     """One forward per target ``t + 1`` (``t % every == 0``) over the tokens the sink cache keeps
     before ``t`` plus ``t``. -> (nll (T-1,) NaN where unscored, longest context, peak RSS MiB).
-    ``out`` (T-1,) float64 is filled as it goes; ``callback`` every ``period`` targets."""
+    ``out`` (T-1,) float64 is filled as it goes; ``progress(done, total, note)`` (the one
+    :data:`~sinklab.progress.Progress`: targets done up to, of T-1, the running perplexity in the
+    note) every ``period`` targets."""
     dev, n = input_device(model), ids.numel() - 1
     nll = _buffer(n, out)
     period = period or max(1, SAMPLE_EVERY // every)
@@ -71,8 +72,7 @@ def recompute_nll(
         longest = max(longest, len(ctx))
         if (i + 1) % period == 0 or i + 1 == len(targets):
             peak = max(peak, sample())
-            if callback is not None:
-                callback(t + 1, n, math.exp(total / (i + 1)))
+            progress(t + 1, n, f"ppl {math.exp(total / (i + 1)):.2f}")
     return nll, longest, peak
 
 
@@ -84,11 +84,12 @@ def recompute_nll_batched(
     window: int,
     every: int = 1,
     batch: int = 16,
-    callback: Tick | None = None,
+    progress: Progress = quiet,
     rss: Callable[[], float] | None = None,
     out: Tensor | None = None,
 ) -> tuple[Tensor, int, float]:
-    """:func:`recompute_nll`'s result, ``batch`` targets' windows per forward."""
+    """:func:`recompute_nll`'s result, ``batch`` targets' windows per forward; ``progress`` as
+    there, after each forward."""
     check_positive({"oracle batch": batch})
     dev, n = input_device(model), ids.numel() - 1
     nll = _buffer(n, out)
@@ -105,8 +106,7 @@ def recompute_nll_batched(
         nll[rows] = _nll_rows(logits[rows.to(logits.device)], ids[rows + 1])
         total, done = float(nll[rows].sum()), len(early)
         peak = max(peak, sample())
-        if callback is not None:
-            callback(early[-1] + 1, n, math.exp(total / done))
+        progress(early[-1] + 1, n, f"ppl {math.exp(total / done):.2f}")
     sinks = torch.arange(n_sink)
     for i in range(0, len(late), batch):
         part = torch.tensor(late[i : i + batch])  # (b,)
@@ -117,7 +117,6 @@ def recompute_nll_batched(
         nll[part] = got
         total, done = total + float(got.sum()), done + len(part)
         peak = max(peak, sample())
-        if callback is not None:
-            callback(int(part[-1]) + 1, n, math.exp(total / done))
+        progress(int(part[-1]) + 1, n, f"ppl {math.exp(total / done):.2f}")
     longest = max((len(_context(t, n_sink, window)) for t in targets[-1:]), default=0)
     return nll, longest, peak

@@ -12,7 +12,7 @@ from typing import Any
 
 from torch import Tensor
 
-from sinklab.progress import Progress
+from sinklab.progress import Progress, quiet
 from sinklab.stream import summary
 from sinklab.stream.evaluate import StreamConfig, StreamResult, streaming_perplexity
 
@@ -36,29 +36,33 @@ class StreamRun:
         self,
         model: Any,
         ids: Tensor,
-        progress: Progress | None = None,
+        progress: Progress = quiet,
         *,
         each: Mapping[str, Progress] | None = None,
     ) -> StreamResult:
         """Every policy on ``ids`` (the first :attr:`tokens`), one after another. ``progress``
-        counts work over the whole run (a cached token 1, an oracle target its window's share:
-        :meth:`StreamConfig.work`), the policy and its running perplexity as the note; ``each``
-        (policy -> progress) counts each policy's targets on its own. The result is bare (its
-        ``meta`` is the caller's: :func:`sinklab.meta.attach_meta` with :meth:`params`)."""
+        (:data:`~sinklab.progress.Progress`) counts work over the whole run (a cached token 1,
+        an oracle target its window's share: :meth:`StreamConfig.work`), the policy and its
+        running perplexity as the note; ``each`` (policy -> Progress) counts each policy's
+        targets on its own, the running perplexity as the note (``ppl 12.34``). The result is
+        bare (its ``meta`` is the caller's: :func:`sinklab.meta.attach_meta` with
+        :meth:`params`)."""
         c = self.config
         n = self.tokens - 1
         weights = {p: c.work(p) for p in c.policies}
         total = n * sum(weights.values())
         before = {p: n * sum(list(weights.values())[:i]) for i, p in enumerate(c.policies)}
+        own = each or {}
 
-        def tick(policy: str, done: int, of: int, ppl: float) -> None:
-            if progress is not None:
-                note = f"{policy} {done}/{of} ppl {ppl:.2f}"
-                progress(before[policy] + weights[policy] * done, total, note)
-            if each is not None and policy in each:
-                each[policy](done, of, f"ppl {ppl:.2f}")
+        def progress_for(policy: str) -> Progress:
+            def tick(done: float, of: float, note: str) -> None:
+                whole = before[policy] + weights[policy] * done
+                progress(whole, total, f"{policy} {done:.0f}/{of:.0f} {note}")
+                own.get(policy, quiet)(done, of, note)
 
-        return streaming_perplexity(model, ids[: self.tokens], c, tick)
+            return tick
+
+        return streaming_perplexity(model, ids[: self.tokens], c, progress_for)
 
     def figures(self, data: dict[str, Any]) -> dict[str, Any]:
         """The running-perplexity and block-perplexity Figures of a result's JSON, by file stem."""
