@@ -17,6 +17,7 @@ import os
 import resource
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -46,7 +47,11 @@ def main() -> int:
     runs: list[dict] = []
     clock = {"t": time.perf_counter(), "cpu": time.process_time()}
 
-    def progress(name: str, step: int, loss: float) -> None:
+    def progress_for(name: str) -> Callable[[float, float, str], None]:
+        """Run ``name``'s progress: records its wall and CPU time when it finishes."""
+        return lambda step, _steps, _note: finished(name, step)
+
+    def finished(name: str, step: float) -> None:
         if step == base.steps:  # a run finished: its wall and CPU time, the load
             now, cpu = time.perf_counter(), time.process_time()
             runs.append(
@@ -66,10 +71,10 @@ def main() -> int:
         for name in args.only.split(","):
             config = dataclasses.replace(base, **{field: wanted[name]})
             with output_dir(args.out / args.kind / name, "train") as folder:
-                train(config, folder, callback=lambda s, loss, _n=name: progress(_n, s, loss))
+                train(config, folder, progress=progress_for(name))
         json.dump({"only": args.only, "timing": runs}, sys.stdout, indent=1)
         return 0
-    sweep = run_sweep(args.kind, base, args.out / args.kind, callback=progress)
+    sweep = run_sweep(args.kind, base, args.out / args.kind, progress_for=progress_for)
     report = {
         "kind": args.kind,
         "params": {**vars(args), "out": str(args.out)},

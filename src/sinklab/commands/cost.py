@@ -71,13 +71,7 @@ def cost(
     out = check_out(out, "cost")
     start = time.perf_counter()
     with progress(fmt is OutputFormat.text) as bars:
-        tick, fitted = bars.callback("fitting", len(ts) * len(tasks)), []
-
-        def on_fit(row: dict) -> None:  # one (task, T) fitted
-            fitted.append(row)
-            tick(len(fitted), None, f"{row['task']} T={row['T']}")
-
-        result = run_cost(config, callback=on_fit)
+        result = run_cost(config, bars.callback("fitting", len(ts) * len(tasks)))
     attach_meta(result, None, None, config, time.perf_counter() - start)
     cos = result.rows[0]["mean_cosine"] if result.rows else 0.0
 

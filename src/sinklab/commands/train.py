@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from enum import StrEnum
 from pathlib import Path
 from typing import Annotated
@@ -149,17 +148,15 @@ def train(
     tokens = {"unit": "tok", "scale": config.batch_size * config.seq_len}  # per step
     with progress(fmt is OutputFormat.text) as bars:
         if sweep is not None:
-            bar: dict[str, Callable[..., None]] = {}
-
-            def cb(name: str, s: int, loss: float) -> None:
-                if name not in bar:
-                    bar[name] = bars.callback(name, config.steps, **tokens)
-                bar[name](s, status=f"loss {loss:.3f}")
-
             # a sweep fills OUT in place: each finished run (OUT/<value>, written whole) is kept
-            # through an interrupt and reused by the next identical sweep
+            # through an interrupt and reused by the next identical sweep; one bar per run
             with filled_in_place(out, "train") as folder:
-                result = run_sweep(sweep.value, config, folder, callback=cb)
+                result = run_sweep(
+                    sweep.value,
+                    config,
+                    folder,
+                    progress_for=lambda name: bars.callback(name, config.steps, **tokens),
+                )
             if fmt is OutputFormat.json:
                 emit_json({"out": str(out), "rows": result.rows})
             else:
@@ -172,12 +169,7 @@ def train(
         else:
             one = bars.callback(f"{config.variant}/{config.data}", config.steps, **tokens)
             with process_group(ranks or Ranks(), config.device), output_dir(out, "train") as folder:
-                run = run_train(
-                    config,
-                    folder,
-                    callback=lambda s, loss: one(s, status=f"loss {loss:.3f}"),
-                    ranks=ranks,
-                )
+                run = run_train(config, folder, progress=one, ranks=ranks)
     if fmt is OutputFormat.json:
         emit_json({"out": str(out), "val": run.val, "last": run.checkpoints[-1]})
         return

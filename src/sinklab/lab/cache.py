@@ -30,6 +30,7 @@ from sinklab.errors import SinklabError
 from sinklab.lab.config import TrainConfig
 from sinklab.lab.train import TrainResult, load_result, train
 from sinklab.meta import write_json_atomic
+from sinklab.progress import Progress, quiet
 
 log = logging.getLogger(__name__)
 
@@ -76,14 +77,14 @@ def cached_train(
     config: TrainConfig,
     *,
     data: Any = None,
-    callback: Callable[[int, float], None] | None = None,
+    progress: Progress = quiet,
     root: Path | None = None,
 ) -> tuple[TrainResult, bool]:
     """``(result, reused)``: the cached run of ``config`` when there is one (identical
     configuration and version), else a fresh run trained into the cache. A run is written to a
     temporary folder and renamed into place whole, so an interrupted one leaves nothing that a
     later call would reuse. Only ``train.json`` is kept (no weights, no figures: the claims
-    read the trajectory)."""
+    read the trajectory). ``progress``: :func:`~sinklab.lab.train.train`'s, for a fresh run."""
     root = root or lab_cache_dir()
     prior = cached_result(config, root)
     if prior is not None:
@@ -95,7 +96,7 @@ def cached_train(
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     try:
-        result = train(config, None, data=data, callback=callback)
+        result = train(config, None, data=data, progress=progress)
         write_json_atomic(tmp / "train.json", result.to_json())
         (tmp / KEY_FILE).write_text(json.dumps(key_data(config), sort_keys=True), encoding="utf-8")
         return _into_place(config, tmp, final, result)

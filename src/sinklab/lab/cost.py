@@ -30,7 +30,7 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -39,6 +39,7 @@ from torch import Tensor
 
 from sinklab.errors import SinklabError
 from sinklab.lab.limits import MAX_BISECTIONS, MAX_DIM, MAX_STEPS
+from sinklab.progress import Progress, quiet
 from sinklab.seeds import derive_seed
 
 log = logging.getLogger(__name__)
@@ -246,19 +247,20 @@ class CostResult:
 NORM_KEYS = ("fro_qk", "nuc_qk", "fro_vo", "nuc_vo", "fro_total", "nuc_total")
 
 
-def run_cost(
-    config: CostConfig, callback: Callable[[dict[str, Any]], None] | None = None
-) -> CostResult:
-    """Fit every (task, T); fit exponents of every norm against T (norms that are 0 skipped)."""
+def run_cost(config: CostConfig, progress: Progress = quiet) -> CostResult:
+    """Fit every (task, T); fit exponents of every norm against T (norms that are 0 skipped).
+
+    ``progress(done, total, note)`` (the one :data:`~sinklab.progress.Progress`) counts the
+    (task, T) fits, the note naming the one just fitted (``sink T=64``)."""
     t0 = time.perf_counter()
     rows = []
+    total = len(config.tasks) * len(config.lengths)
     for task in config.tasks:
         for t in config.lengths:
             row = fit_pattern(task, t, config)
             log.info("%s T=%d: %s", task, t, row)
             rows.append(row)
-            if callback is not None:
-                callback(row)
+            progress(len(rows), total, f"{task} T={t}")
     fits: dict[str, dict[str, dict[str, float]]] = {}
     for task in config.tasks:
         sub = [r for r in rows if r["task"] == task]

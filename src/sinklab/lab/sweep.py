@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -25,6 +24,7 @@ from sinklab.lab.train import EPS, TrainResult, corpus_text, load_result, train
 from sinklab.meta import attach_meta, write_json_atomic, write_text_atomic
 from sinklab.outputs import output_dir
 from sinklab.probe.spec import rate_key
+from sinklab.progress import ProgressFor, quiet_for
 
 log = logging.getLogger(__name__)
 
@@ -136,9 +136,13 @@ def run_sweep(
     base: TrainConfig,
     out: Path,
     *,
-    callback: Callable[[str, int, float], None] | None = None,
+    progress_for: ProgressFor = quiet_for,
 ) -> SweepResult:
-    """Train every value of the swept field (``out/<value>/``) and write the comparison."""
+    """Train every value of the swept field (``out/<value>/``) and write the comparison.
+
+    ``progress_for(name)`` (:data:`~sinklab.progress.ProgressFor`) is run ``name``'s
+    :data:`~sinklab.progress.Progress`, asked for as the run starts: steps done of its steps, the
+    loss in the note (``loss 2.345``); a run reused from ``out`` reports its last step at once."""
     t0 = time.perf_counter()
     field_name, values = sweep_values(kind, base.task)
     rows: list[dict[str, Any]] = []
@@ -153,19 +157,17 @@ def run_sweep(
     for name, value in values:
         config = replace(base, **{field_name: value})
 
-        def step_cb(step: int, loss: float, _v: str = name) -> None:
-            if callback is not None:
-                callback(_v, step, loss)
-
+        progress = progress_for(name)
         prior = load_result(out / name)
         if prior is not None and prior.config == config:  # resume: this run is already done
             log.info("reusing the finished run in %s", out / name)
             result = prior
             if prior.loss:  # show it as done
-                step_cb(*prior.loss[-1])
+                step, loss = prior.loss[-1]
+                progress(step, config.steps, f"loss {loss:.3f}")
         else:  # each run is written whole: an interrupted one leaves no half folder
             with output_dir(out / name, "train") as folder:
-                result = train(config, folder, data=data, callback=step_cb)
+                result = train(config, folder, data=data, progress=progress)
             result.out = out / name
         rows.append(summary_row(name, result))
         results.append(result)

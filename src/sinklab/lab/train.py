@@ -42,6 +42,7 @@ from sinklab.meta import attach_meta, restore_non_finite, write_json_atomic
 from sinklab.models.loading import describe, file_sha256
 from sinklab.probe import ProbeConfig, probe
 from sinklab.probe.spec import DEFAULT_EPS
+from sinklab.progress import Progress, quiet
 from sinklab.safeio import read_json
 
 log = logging.getLogger(__name__)
@@ -214,13 +215,15 @@ def train(
     out: Path | None = None,
     *,
     data: LabData | BackcopyData | None = None,
-    callback: Callable[[int, float], None] | None = None,
+    progress: Progress = quiet,
     ranks: Ranks | None = None,
 ) -> TrainResult:
     """Train, probe each checkpoint, evaluate; write outputs under ``out`` when given.
 
     ``data`` lets sweeps reuse one tokenizer (text) or bigram table (backcopy); it is rebuilt
-    when it does not match ``config``. ``callback(step, loss)`` is called after every step.
+    when it does not match ``config``. ``progress(step, steps, note)`` (the one
+    :data:`~sinklab.progress.Progress`) is called after every step, the loss in the note
+    (``loss 2.345``).
     ``ranks``: this process's place in a DDP run (:mod:`sinklab.lab.distributed`, the process
     group already initialised): it trains on its slice of each global batch; only rank 0
     probes, evaluates and writes (the other ranks return their loss curve only).
@@ -289,8 +292,7 @@ def train(
             value = total.item() / ranks.world
         step_seconds += time.perf_counter() - tic
         losses.append((step + 1, value))
-        if callback is not None:
-            callback(step + 1, value)
+        progress(step + 1, config.steps, f"loss {value:.3f}")
     model.eval()
     if not lead:
         return TrainResult(config, losses, [], {}, {}, None)
