@@ -124,7 +124,7 @@ def test_report_stages_and_claims_speak_the_one_progress_protocol(tmp_path, tiny
         config=ReportConfig.preset(True),
         model_spec="tiny",
         text_spec="shakespeare:hamlet",
-        callback=lambda done, total, note: seen.append((done, total, note)),
+        progress=lambda done, total, note: seen.append((done, total, note)),
     )
     assert {total for _, total, _ in seen} == {4.0}
     done = [d for d, _, _ in seen]

@@ -320,7 +320,7 @@ def _cap(config: ClaimsConfig, max_positions: int | None) -> ClaimsConfig:
 def claims_on(
     loaded: LoadedModel | None,
     config: ClaimsConfig,
-    callback: Progress = quiet,
+    progress: Progress = quiet,
     texts: list[Text] | None = None,
 ) -> ClaimsResult:
     """:func:`run_claims` on a loaded model (None: the lab and cost claims alone) with its
@@ -334,7 +334,7 @@ def claims_on(
         loaded.tokenizer if loaded else None,
         config,
         max_positions=loaded.info.max_positions if loaded else None,
-        callback=callback,
+        progress=progress,
     )
     seconds, record = time.perf_counter() - start, result.run.get("first_token")
     attach_meta(result, loaded.info if loaded else None, texts or None, config, seconds, record)
@@ -348,11 +348,11 @@ def run_claims(
     *,
     samples: Sequence[Sample] | None = None,
     max_positions: int | None = None,
-    callback: Progress = quiet,
+    progress: Progress = quiet,
 ) -> ClaimsResult:
     """Measure the wanted claims and decide each by the rule of docs/claims.md.
 
-    ``samples`` overrides the text windows (``[(name, ids (T,))]``); ``callback`` (the one
+    ``samples`` overrides the text windows (``[(name, ids (T,))]``); ``progress`` (the one
     :data:`~sinklab.progress.Progress`) counts (group, sample) steps, cost seeds and lab runs.
     Model claims need ``model``; lab claims read ``config.lab``; the cost claim needs neither.
     """
@@ -366,7 +366,7 @@ def run_claims(
     samples = list(samples or [])
     total = len(groups) * len(samples) + (config.cost_seeds if "sink-cheaper" in wanted else 0)
     total += len(config.lab_plan.configs()) if config.trains_lab else 0
-    tick = counter(callback, total)
+    tick = counter(progress, total)
     measured: dict[str, Measurement] = {}
     seconds: dict[str, float] = {}
     runners: dict[str, Callable[[], dict[str, Measurement]]] = {

@@ -25,6 +25,7 @@ from sinklab.commands.common import (
 )
 from sinklab.corpus import DEFAULT_TEXT, load_text
 from sinklab.models.loading import DEFAULT_MODEL
+from sinklab.progress import Progress
 
 DEFAULT_OUT = Path("sinklab-report")
 
@@ -114,7 +115,7 @@ def report(
             config=config,
             model_spec=model or DEFAULT_MODEL,
             text_spec=text or DEFAULT_TEXT,
-            callback=_fraction(tick),
+            progress=_fraction(tick),
             model_options=model_options,
             prepend=prepend,
             on_stage=stage_done,
@@ -171,7 +172,7 @@ def _report_across(
                 model_spec=name,
                 text_spec=text or DEFAULT_TEXT,
                 final_out=out / folder.name,
-                callback=_fraction(bars.callback(f"report {name}", 1.0)),
+                progress=_fraction(bars.callback(f"report {name}", 1.0)),
                 notes=notes,
                 model_options=model_options,
                 prepend=prepend,
@@ -201,7 +202,7 @@ def _model_options(loading: tuple[str, str, bool], prepend: str | None) -> tuple
     )
 
 
-def _fraction(tick: Any) -> Any:
+def _fraction(tick: Progress) -> Progress:
     """The report's progress (estimated seconds) on a bar of total 1: shown as a percentage."""
     return lambda done, total, note="": tick(done / total if total else 0.0, 1.0, note)
 

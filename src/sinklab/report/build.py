@@ -74,7 +74,7 @@ def build_report(
     config: ReportConfig,
     model_spec: str,
     text_spec: str,
-    callback: Progress = quiet,
+    progress: Progress = quiet,
     on_stage: Callable[[StageResult], None] | None = None,
     notes: Sequence[str] = (),
     model_options: Sequence[str] = (),
@@ -82,7 +82,7 @@ def build_report(
 ) -> Report:
     """Run ``stages`` in order on ``loaded`` and write the report to ``out`` (atomically).
 
-    ``callback`` (:data:`~sinklab.progress.Progress`) counts estimated seconds, its note
+    ``progress`` (:data:`~sinklab.progress.Progress`) counts estimated seconds, its note
     ``stage i/n: name note``; ``on_stage(result)``
     is called as each stage finishes; ``notes`` (e.g. sizes clamped to the model) lead the
     summary; ``model_options`` (``--dtype``, ``--device``, ``--prepend``, ... as given) go on
@@ -101,7 +101,7 @@ def build_report(
             model_spec=model_spec,
             text_spec=text_spec,
             final_out=out,
-            callback=callback,
+            progress=progress,
             on_stage=on_stage,
             notes=notes,
             model_options=model_options,
@@ -121,7 +121,7 @@ def build_into(
     model_spec: str,
     text_spec: str,
     final_out: Path,
-    callback: Progress = quiet,
+    progress: Progress = quiet,
     on_stage: Callable[[StageResult], None] | None = None,
     notes: Sequence[str] = (),
     model_options: Sequence[str] = (),
@@ -145,13 +145,13 @@ def build_into(
         label = f"stage {i + 1}/{len(stages)}: {stage.name}"
 
         # the stage's own progress (done of total units of its work), in the report's seconds
-        def progress(
+        def stage_progress(
             done: float, total: float, note: str = "", _base=spent, _cost=cost, _label=label
         ) -> None:
             frac = min(1.0, max(0.0, float(done) / total)) if total > 0 else 0.0
-            callback(_base + frac * _cost, budget, f"{_label} {note}".rstrip())
+            progress(_base + frac * _cost, budget, f"{_label} {note}".rstrip())
 
-        progress(0, 1)
+        stage_progress(0, 1)
         figures = tmp / "figures" / stage.name
         figures.mkdir(parents=True, exist_ok=True)
         ctx = StageContext(
@@ -161,7 +161,7 @@ def build_into(
             model_spec=model_spec,
             config=config,
             figures_dir=figures,
-            progress=progress,
+            progress=stage_progress,
             shared=shared,
             model_options=model_options,
             prepend=prepend,
@@ -172,7 +172,7 @@ def build_into(
         if on_stage is not None:
             on_stage(results[-1])
         spent += cost
-        progress(1, 1, results[-1].status)
+        stage_progress(1, 1, results[-1].status)
     if results and all(r.status != "ok" for r in results):
         first = results[0]
         kept = "the previous report is as it was" if final_out.exists() else "no report written"

@@ -56,10 +56,10 @@ def _probe_config(ctx: StageContext) -> Any:
 def _layer_progress(ctx: StageContext) -> Progress:
     """The stage's progress, noted by layer (``layer 3/30``)."""
 
-    def callback(done: float, total: float, note: str = "") -> None:
+    def progress(done: float, total: float, note: str = "") -> None:
         ctx.progress(done, total, f"layer {done:.0f}/{total:.0f}")
 
-    return callback
+    return progress
 
 
 def _run_probe(ctx: StageContext) -> StageOutput:
