@@ -4,7 +4,11 @@ Every long library run (:class:`~sinklab.probe.run.ProbeRun`,
 :class:`~sinklab.stream.run.StreamRun`, the report's stages) reports through a callable of this
 shape: ``done`` out of ``total`` units of its work (layers, tokens, weighted tokens), and a short
 ``note`` saying what it is doing. The CLI's bars (``commands.common.Bars.callback``) and the
-report's overall bar are both such callables, so a run never knows who is watching.
+report's overall bar are both such callables, so a run never knows who is watching. The loops
+below the runs (the probe, the stream loops, the ablation experiments, training, the cost fits,
+the model install) take one too, always as a parameter named ``progress`` that defaults to
+:func:`quiet`; a run whose parts go one after another and are shown one bar each (a stream's
+policies, a sweep's runs) takes a :data:`ProgressFor` instead.
 """
 
 from __future__ import annotations

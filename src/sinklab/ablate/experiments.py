@@ -1,9 +1,9 @@
 """First-token, mask-sink, sensitivity and geometry (density: :mod:`sinklab.ablate.density`).
 
-Each takes ``(model, tokenizer, ids, config, progress)``, ``progress(done, total, note)`` (the
-one :data:`~sinklab.progress.Progress`) counting its conditions, the note naming the one just
-done, and returns ``(conditions, extra, finding)``; the finding is computed from the numbers by the
-rule of docs/experiments.md, and names the claim and its paper."""
+Each takes ``(model, tokenizer, ids, config, progress)`` and returns ``(conditions, extra,
+finding)``: ``progress(done, total, note)`` (the one :data:`~sinklab.progress.Progress`) counts
+its conditions, the note naming the one just done; the finding is computed from the numbers by
+the rule of docs/experiments.md, and names the claim and its paper."""
 
 from __future__ import annotations
 
