@@ -147,15 +147,25 @@ def test_sweep_resumes_finished_runs_and_retrains_changed_ones(tmp_path):
     from sinklab.lab.train import load_result
 
     base = TrainConfig(**{**TINY, "steps": 4})
-    first = run_sweep("data", base, tmp_path)
+    seen: dict[str, list[tuple[float, float, str]]] = {}
+
+    def progress_for(name: str):  # one Progress per run, as the CLI's one bar per run
+        seen[name] = []
+        return lambda done, total, note: seen[name].append((done, total, note))
+
+    first = run_sweep("data", base, tmp_path, progress_for=progress_for)
+    assert list(seen) == list(DATA_STRATEGIES)
+    assert all([(d, t) for d, t, _ in s] == [(i, 4) for i in range(1, 5)] for s in seen.values())
+    assert all(note.startswith("loss ") for s in seen.values() for _, _, note in s)
     stamps = {d: (tmp_path / d / "train.json").stat().st_mtime_ns for d in DATA_STRATEGIES}
     saved = json.loads((tmp_path / "sweep.json").read_text())
     assert saved["kind"] == "data" and saved["rows"] == first.rows and saved["swept"] == "data"
     assert tuple(saved["meta"]) == META_KEYS and saved["meta"]["params"] == asdict(base)
     assert saved["meta"]["model"] is None and saved["meta"]["text"]["name"] == "shakespeare"
     assert (tmp_path / "sweep_compare.png").is_file() and (tmp_path / "sweep.md").is_file()
-    again = run_sweep("data", base, tmp_path)
+    again = run_sweep("data", base, tmp_path, progress_for=progress_for)
     assert again.rows == first.rows
+    assert all([(d, t) for d, t, _ in s] == [(4, 4)] for s in seen.values())  # reused: done
     assert stamps == {d: (tmp_path / d / "train.json").stat().st_mtime_ns for d in DATA_STRATEGIES}
     # a different configuration is not "finished": it is trained again
     changed = run_sweep("data", replace(base, seed=1), tmp_path)
