@@ -109,16 +109,25 @@ def test_an_interrupted_run_leaves_nothing(root, monkeypatch):
 def test_runs_train_in_worker_processes_into_the_cache(root):
     from sinklab.errors import SinklabError
 
-    cfgs = [preset("cpu", **{**TINY, "seed": s}) for s in (0, 1)]
-    done = []
-    cache.train_in_processes(cfgs, 2, done.append)
-    assert sorted(done) == [0, 1]
+    cfgs = [preset("cpu", **{**TINY, "seed": s}) for s in (0, 1, 2)]
+    done, started = [], []
+    popen = cache.subprocess.Popen
+
+    def counted(*args, **kwargs):
+        started.append(args[0])
+        return popen(*args, **kwargs)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(cache.subprocess, "Popen", counted)
+        cache.train_in_processes(cfgs, 2, done.append)
+    assert sorted(done) == [0, 1, 2]
+    assert len(started) == 2  # a worker process takes the next run: 3 runs, 2 processes
     for cfg in cfgs:  # each worker's run is the cache's, equal to one trained here
         assert cache.cached_result(cfg).loss == cache.train(cfg).loss
     bad = preset("cpu", **{**TINY, "seq_len": 4})  # the worker refuses it: one line, here
     with pytest.raises(SinklabError, match=r"a lab run failed .*seq_len must be in 8\.\.8192"):
         cache.train_in_processes([bad], 1, done.append)
-    assert sorted(done) == [0, 1]  # nothing reported for the failed run
+    assert sorted(done) == [0, 1, 2]  # nothing reported for the failed run
 
 
 def test_a_stuck_worker_is_stopped_at_its_deadline(root):

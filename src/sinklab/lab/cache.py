@@ -14,11 +14,13 @@ import hashlib
 import json
 import logging
 import os
+import queue
 import re
 import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict
@@ -204,81 +206,152 @@ def run_deadline(config: TrainConfig) -> float:
     return RUN_SECONDS + RUN_SECONDS_PER_STEP * config.steps
 
 
+class _Worker:
+    """One ``python -m sinklab.lab.cache`` process on one thread: it reads a run's configuration
+    per line on stdin, trains it into the cache and answers ``ok`` or ``error: ...`` on stdout,
+    until its stdin closes. It imports torch and sinklab once for all the runs it is given
+    (about 5 s a process: a claims run's dozen tiny runs took longer to start than to train).
+    A thread forwards each answer line to ``answers`` as ``(worker, line)``; ``""`` means its
+    stdout closed (the process ended)."""
+
+    def __init__(self, env: dict[str, str], answers: queue.Queue) -> None:
+        self.err = tempfile.TemporaryFile()  # noqa: SIM115 -- closed in close()
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "sinklab.lab.cache"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=self.err,
+            env=env,
+        )
+        self.run: int | None = None  # the index of the run it is training
+        self.since = 0.0  # when it was given that run
+        threading.Thread(target=self._forward, args=(answers,), daemon=True).start()
+
+    def _forward(self, answers: queue.Queue) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            answers.put((self, line.decode(errors="replace").strip() or "error: no answer"))
+        answers.put((self, ""))
+
+    def give(self, k: int, config: TrainConfig) -> None:
+        """Hand it run ``k`` (a worker that died cannot take it: SinklabError, its last words)."""
+        assert self.proc.stdin is not None
+        self.run, self.since = k, time.monotonic()
+        try:
+            self.proc.stdin.write(json.dumps(asdict(config)).encode() + b"\n")
+            self.proc.stdin.flush()
+        except OSError as exc:
+            raise SinklabError(f"a lab run failed ({config}): {self.last_words()}") from exc
+
+    def last_words(self) -> str:
+        """The last line the worker wrote on stderr, else its exit status."""
+        self.err.seek(0)
+        lines = self.err.read().decode(errors="replace").strip().splitlines()
+        return lines[-1] if lines else f"exit status {self.proc.poll()}"
+
+    def close(self, wait: bool) -> None:
+        """Close its stdin (an idle worker then exits); stop it unless ``wait`` and it does."""
+        try:
+            if self.proc.stdin is not None:
+                self.proc.stdin.close()
+        except OSError:  # a dead worker's pipe
+            pass
+        try:
+            self.proc.wait(timeout=10 if wait else 0.01)
+        except subprocess.TimeoutExpired:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:  # a worker ignoring SIGTERM
+                self.proc.kill()
+                self.proc.wait()
+        self.err.close()
+
+
 def train_in_processes(
     configs: Sequence[TrainConfig],
     workers: int,
     on_done: Callable[[int], None],
     deadline: Callable[[TrainConfig], float] = run_deadline,
 ) -> None:
-    """Train each of ``configs`` into the cache, ``workers`` at a time, each in a fresh
-    ``python -m sinklab.lab.cache`` process on one thread (tiny models gain nothing from more;
-    on a busy machine two threads spin-wait). ``on_done(k)`` is called as ``configs[k]``
-    finishes. A failed run raises SinklabError with its last line, and so does a run still going
-    after ``deadline(config)`` seconds (it is stopped); an interrupt stops the running processes
-    (their half-written folders are hidden and never reused)."""
+    """Train each of ``configs`` into the cache on ``workers`` processes (one thread each: tiny
+    models gain nothing from more, and on a busy machine two threads spin-wait). Each process
+    starts once and takes the next pending run as it finishes one, so torch is imported once a
+    worker rather than once a run. ``on_done(k)`` is called as ``configs[k]`` finishes. A
+    failed run raises SinklabError with its last line, and so does a run still going after
+    ``deadline(config)`` seconds from when it was handed over (a worker's start counts towards
+    its first run); an interrupt stops the processes (their half-written folders are hidden and
+    never reused)."""
     package_root = str(Path(sinklab.__file__).resolve().parents[1])
     path = os.pathsep.join(p for p in (package_root, os.environ.get("PYTHONPATH")) if p)
     env = {**os.environ, "PYTHONPATH": path, "OMP_NUM_THREADS": "1"}
     pending = list(range(len(configs)))
-    running: dict[int, tuple[subprocess.Popen, Any]] = {}
-    started: dict[int, float] = {}
+    answers: queue.Queue = queue.Queue()
+    pool: list[_Worker] = []
+    finished = False
     try:
-        while pending or running:
-            while pending and len(running) < max(1, workers):
-                k = pending.pop(0)
-                err = tempfile.TemporaryFile()  # noqa: SIM115 -- closed when the run ends
-                blob = json.dumps(asdict(configs[k]))
-                cmd = [sys.executable, "-m", "sinklab.lab.cache", blob]
-                proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=err, env=env)
-                running[k] = (proc, err)
-                started[k] = time.monotonic()
-            time.sleep(0.1)
-            for k, (proc, err) in list(running.items()):
-                if proc.poll() is None:
-                    limit = deadline(configs[k])
-                    if time.monotonic() - started[k] > limit:
-                        raise SinklabError(
-                            f"a lab run did not finish within {limit:.0f} s and was stopped "
-                            f"({configs[k]}); is the machine overloaded? retry with fewer workers"
-                        )
-                    continue
-                del running[k]
-                err.seek(0)
-                lines = err.read().decode(errors="replace").strip().splitlines()
-                err.close()
-                if proc.returncode != 0:
-                    last = lines[-1] if lines else f"exit status {proc.returncode}"
-                    raise SinklabError(f"a lab run failed ({configs[k]}): {last}")
-                on_done(k)
-    finally:
-        for proc, err in running.values():
-            proc.terminate()
+        while len(pool) < min(max(1, workers), len(pending)):
+            pool.append(_Worker(env, answers))
+        for w in pool:
+            k = pending.pop(0)
+            w.give(k, configs[k])
+        while any(w.run is not None for w in pool):
             try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:  # a worker ignoring SIGTERM
-                proc.kill()
-                proc.wait()
-            err.close()
+                w, said = answers.get(timeout=0.1)
+            except queue.Empty:
+                w, said = None, None
+            if w is not None and w.run is not None:
+                k = w.run
+                if said == "":
+                    raise SinklabError(f"a lab run failed ({configs[k]}): {w.last_words()}")
+                if said != "ok":
+                    raise SinklabError(f"a lab run failed ({configs[k]}): {said}")
+                w.run = None
+                on_done(k)
+                if pending:
+                    nxt = pending.pop(0)
+                    w.give(nxt, configs[nxt])
+            now = time.monotonic()
+            for w in pool:
+                if w.run is not None and now - w.since > (limit := deadline(configs[w.run])):
+                    raise SinklabError(
+                        f"a lab run did not finish within {limit:.0f} s and was stopped "
+                        f"({configs[w.run]}); is the machine overloaded? retry with fewer workers"
+                    )
+        finished = True
+    finally:
+        for w in pool:
+            w.close(wait=finished)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m sinklab.lab.cache CONFIG_JSON``: train one run into the cache on one thread
-    (the worker of :func:`train_in_processes`)."""
+    """``python -m sinklab.lab.cache``: the worker of :func:`train_in_processes`. Reads one run's
+    configuration (JSON) per line on stdin, trains it into the cache on one thread and answers
+    one line on stdout (``ok``, or ``error: ...`` for a configuration it refuses), until stdin
+    closes."""
     import logging as _logging
     import warnings
 
     import torch
 
+    del argv  # no arguments: the runs come on stdin
     warnings.filterwarnings("ignore")
     _logging.disable(_logging.WARNING)
     torch.set_num_threads(1)
-    args = list(sys.argv[1:] if argv is None else argv)
-    try:
-        config = TrainConfig(**json.loads(args[0]))
-        cached_train(config)
-    except (SinklabError, ValueError, TypeError, IndexError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+    # the answers keep stdout to themselves: anything a run prints goes to stderr
+    answers = os.fdopen(os.dup(sys.stdout.fileno()), "w", encoding="utf-8")
+    os.dup2(sys.stderr.fileno(), sys.stdout.fileno())
+    sys.stdout = sys.stderr
+    for line in sys.stdin.buffer:
+        if not line.strip():
+            continue
+        try:
+            cached_train(TrainConfig(**json.loads(line)))
+            answer = "ok"
+        except (SinklabError, ValueError, TypeError) as exc:
+            answer = "error: " + " ".join(str(exc).split())
+        answers.write(answer + "\n")
+        answers.flush()
     return 0
 
 
