@@ -24,7 +24,7 @@ def terminal(monkeypatch) -> io.StringIO:
 
 def test_a_count_a_rate_and_a_status(terminal):
     with common.progress() as bars:
-        tick = bars.callback("sink", 10, unit="tok")
+        tick = bars.bar("sink", 10, unit="tok")
         tick(5, None, "ppl 3.25")
         task = bars.tasks[0]
         assert (task.completed, task.total, task.fields["status"]) == (5, 10, "ppl 3.25")
@@ -35,7 +35,7 @@ def test_a_count_a_rate_and_a_status(terminal):
 
 def test_a_fraction_shows_a_percentage_and_an_unknown_total_no_count(terminal):
     with common.progress() as bars:
-        frac, unknown = bars.callback("report", 1.0), bars.callback("claims")
+        frac, unknown = bars.bar("report", 1.0), bars.bar("claims")
         frac(0.25, 1.0, "probe")
         unknown(3, None, "geometry")
     out = terminal.getvalue()
@@ -44,7 +44,7 @@ def test_a_fraction_shows_a_percentage_and_an_unknown_total_no_count(terminal):
 
 def test_a_task_clock_starts_at_its_first_update(terminal):
     with common.progress() as bars:
-        first, second = bars.callback("dense", 4), bars.callback("sink", 4)
+        first, second = bars.bar("dense", 4), bars.bar("sink", 4)
         first(1)
         assert bars.tasks[0].start_time is not None and bars.tasks[1].start_time is None
         second(2)
@@ -53,7 +53,7 @@ def test_a_task_clock_starts_at_its_first_update(terminal):
 
 def test_the_rate_scales_by_the_work_per_step(terminal):
     with common.progress() as bars:
-        bars.callback("recompute", 100, unit="tok", scale=0.0)(50)
+        bars.bar("recompute", 100, unit="tok", scale=0.0)(50)
     assert "0.0 tok/s" in terminal.getvalue()
 
 
@@ -61,10 +61,10 @@ def test_hidden_when_disabled_or_not_a_terminal(monkeypatch):
     buf = io.StringIO()
     monkeypatch.setattr(common, "stderr", Console(file=buf, force_terminal=False))
     with common.progress() as bars:
-        bars.callback("x", 3)(2, None, "status")
+        bars.bar("x", 3)(2, None, "status")
     monkeypatch.setattr(common, "stderr", Console(file=buf, force_terminal=True))
     with common.progress(enabled=False) as bars:
-        bars.callback("y", 3)(2, None, "status")
+        bars.bar("y", 3)(2, None, "status")
     assert buf.getvalue() == ""
 
 

@@ -3,7 +3,7 @@
 Every long library run (:class:`~sinklab.probe.run.ProbeRun`,
 :class:`~sinklab.stream.run.StreamRun`, the report's stages) reports through a callable of this
 shape: ``done`` out of ``total`` units of its work (layers, tokens, weighted tokens), and a short
-``note`` saying what it is doing. The CLI's bars (``commands.common.Bars.callback``) and the
+``note`` saying what it is doing. The CLI's bars (``commands.common.Bars.bar``) and the
 report's overall bar are both such callables, so a run never knows who is watching. The loops
 below the runs (the probe, the stream loops, the ablation experiments, training, the cost fits,
 the model install) take one too, always as a parameter named ``progress`` that defaults to

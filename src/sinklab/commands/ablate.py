@@ -176,7 +176,7 @@ def ablate(
     # run
     start = time.perf_counter()
     with progress(fmt is OutputFormat.text) as bars:
-        result = run.run(loaded.model, loaded.tokenizer, ids, bars.callback(experiment))
+        result = run.run(loaded.model, loaded.tokenizer, ids, bars.bar(experiment))
     seconds = time.perf_counter() - start
     record = first.record(loaded.tokenizer, ids)
     data = attach_meta(result, loaded.info, txt, result.params(), seconds, record).to_json()

@@ -169,7 +169,7 @@ def claims(
     texts_read = config.read_texts()  # a bad text fails before the model loads
     loaded = load(model, dtype, device, trust_remote_code) if config.needs_model else None
     with progress(fmt is OutputFormat.text) as bars:
-        result = claims_on(loaded, config, bars.callback("claims"), texts_read)
+        result = claims_on(loaded, config, bars.bar("claims"), texts_read)
     data = result.to_json()
     if out is not None:
         from sinklab.claims.plots import plot_claims
@@ -212,7 +212,7 @@ def _claims_across(
     with progress(fmt is OutputFormat.text) as bars:
         for name in names:
             loaded = load(name, *loading)
-            result = claims_on(loaded, config, bars.callback(f"claims {name}"), texts_read)
+            result = claims_on(loaded, config, bars.bar(f"claims {name}"), texts_read)
             runs.append((name, result.to_json()))
             del loaded, result
             gc.collect()  # the next model loads into the memory this one held

@@ -206,22 +206,24 @@ class _Rate(ProgressColumn):
 
 
 class Bars(Progress):
-    """The one progress display of every command: rich bars on stderr, fed by the libraries'
-    callbacks through :meth:`callback` (hidden when stderr is not a terminal, or disabled)."""
+    """The one progress display of every command: rich bars on stderr, each fed as a
+    :data:`sinklab.progress.Progress` by :meth:`bar` (hidden when stderr is not a terminal, or
+    disabled)."""
 
-    def callback(
+    def bar(
         self, name: str, total: float | None = None, *, unit: str = "", scale: float = 1.0
     ) -> Callable[..., None]:
-        """A task ``name`` and its update function ``(done, total=None, status="")``. The
-        task's clock starts at its first update (tasks that run one after another, as the
-        stream's policies, each time their own work); ``unit`` shows a rate, ``done * scale``
-        per second (``scale``: work per step, e.g. the recompute oracle scores every K-th)."""
+        """A bar ``name`` and its :data:`~sinklab.progress.Progress` ``(done, total=None,
+        note="")`` (``total`` None keeps the bar's). The bar's clock starts at its first update
+        (bars that run one after another, as the stream's policies, each time their own work);
+        ``unit`` shows a rate, ``done * scale`` per second (``scale``: work per step, e.g. the
+        recompute oracle scores every K-th)."""
         task = self.add_task(name, total=total, status="", unit=unit, scale=scale, start=False)
 
-        def update(done: float, total: float | None = None, status: str = "") -> None:
+        def update(done: float, total: float | None = None, note: str = "") -> None:
             if self.tasks[task].start_time is None:
                 self.start_task(task)
-            self.update(task, completed=done, total=total, status=status)
+            self.update(task, completed=done, total=total, status=note)
 
         return update
 

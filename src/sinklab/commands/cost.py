@@ -71,7 +71,7 @@ def cost(
     out = check_out(out, "cost")
     start = time.perf_counter()
     with progress(fmt is OutputFormat.text) as bars:
-        result = run_cost(config, bars.callback("fitting", len(ts) * len(tasks)))
+        result = run_cost(config, bars.bar("fitting", len(ts) * len(tasks)))
     attach_meta(result, None, None, config, time.perf_counter() - start)
     cos = result.rows[0]["mean_cosine"] if result.rows else 0.0
 

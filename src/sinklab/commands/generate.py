@@ -92,7 +92,7 @@ def generate(
 
     # the text is its own progress on a terminal; a bar on stderr when stdout goes to a file
     with progress(enabled=not as_json and not sys.stdout.isatty()) as bars:
-        tick = bars.callback("generating", max_new_tokens, unit="tok")
+        tick = bars.bar("generating", max_new_tokens, unit="tok")
         result = run(loaded.model, loaded.tokenizer, ids, config, on_text, tick)
     if not as_json:
         sys.stdout.write("\n")

@@ -83,7 +83,7 @@ def install(
             stderr.print(f"sinklab: {name}: {line}", highlight=False)
 
         with progress() as bars:
-            done = run_install(model, say, bars.callback(model.name, 1.0))
+            done = run_install(model, say, bars.bar(model.name, 1.0))
         state = "already installed" if not (done.fetched or done.converted) else "installed"
         state += (
             " (converted from the GGUF already here)" if done.converted and not done.fetched else ""

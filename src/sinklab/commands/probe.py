@@ -115,7 +115,7 @@ def probe(
     check_supported(loaded.model)  # before the progress bar: a clean one-line error
     start = time.perf_counter()
     with progress(enabled=fmt is OutputFormat.text) as bars:
-        _, data = run.run(loaded.model, ids, bars.callback("probe"))
+        _, data = run.run(loaded.model, ids, bars.bar("probe"))
     seconds, record = time.perf_counter() - start, first.record(loaded.tokenizer, ids)
     provenance = (loaded.info, txt, run.params(), seconds, record)
     _finish(data, provenance, out, fmt, None if no_figures else probe_figures, summary_sentences)
@@ -166,7 +166,7 @@ def _probe_protocol(
     ids = sample_windows(txt, loaded.tokenizer, tokens, samples, prepend)
     start = time.perf_counter()
     with progress(enabled=fmt is OutputFormat.text) as bars:
-        result = run_protocol(loaded.model, ids, p, progress=bars.callback(f"protocol {name}"))
+        result = run_protocol(loaded.model, ids, p, progress=bars.bar(f"protocol {name}"))
     data = result.to_json()
     params = {"protocol": name, "samples": samples, "tokens": tokens, "prepend": prepend}
     first = first_spec.record(loaded.tokenizer, ids)

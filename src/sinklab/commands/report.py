@@ -99,7 +99,7 @@ def report(
     model_options = _model_options((dtype, device, trust_remote_code), prepend)
     as_text = fmt is OutputFormat.text
     with progress(as_text) as bars:
-        tick = bars.callback("report", 1.0)  # a fraction: build_report counts estimated seconds
+        tick = bars.bar("report", 1.0)  # a fraction: build_report counts estimated seconds
 
         def stage_done(r: StageResult) -> None:
             if not as_text:
@@ -172,7 +172,7 @@ def _report_across(
                 model_spec=name,
                 text_spec=text or DEFAULT_TEXT,
                 final_out=out / folder.name,
-                progress=_fraction(bars.callback(f"report {name}", 1.0)),
+                progress=_fraction(bars.bar(f"report {name}", 1.0)),
                 notes=notes,
                 model_options=model_options,
                 prepend=prepend,

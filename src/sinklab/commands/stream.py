@@ -138,9 +138,7 @@ def stream(
     start = time.perf_counter()
     with progress(fmt is OutputFormat.text) as bars:
         each = {
-            p: bars.callback(
-                f"{p} ({chosen})", tokens - 1, unit="tok", scale=1 / config.scored_every(p)
-            )
+            p: bars.bar(f"{p} ({chosen})", tokens - 1, unit="tok", scale=1 / config.scored_every(p))
             for p in config.policies
         }
         result = run.run(loaded.model, ids, each=each)

@@ -155,7 +155,7 @@ def train(
                     sweep.value,
                     config,
                     folder,
-                    progress_for=lambda name: bars.callback(name, config.steps, **tokens),
+                    progress_for=lambda name: bars.bar(name, config.steps, **tokens),
                 )
             if fmt is OutputFormat.json:
                 emit_json({"out": str(out), "rows": result.rows})
@@ -167,7 +167,7 @@ def train(
             with output_dir(out, "train") as folder:
                 run = train_distributed(config, folder, nproc)
         else:
-            one = bars.callback(f"{config.variant}/{config.data}", config.steps, **tokens)
+            one = bars.bar(f"{config.variant}/{config.data}", config.steps, **tokens)
             with process_group(ranks or Ranks(), config.device), output_dir(out, "train") as folder:
                 run = run_train(config, folder, progress=one, ranks=ranks)
     if fmt is OutputFormat.json:
