@@ -95,8 +95,8 @@ def train_lab_runs(
 ) -> tuple[list[LabRun], dict[str, Any]]:
     """Train (or reuse from the cache) every run of ``plan``; the runs and what was done:
     ``trained`` / ``reused`` counts, ``seconds``, ``workers``, the ``cache`` folder and the
-    ``plan``. Runs not in the cache train in up to ``workers`` fresh processes at once
-    (:func:`sinklab.lab.cache.train_in_processes`, one thread each)."""
+    ``plan``. Runs not in the cache train on up to ``workers`` worker processes, each taking the
+    next run as it finishes one (:func:`sinklab.lab.cache.train_in_processes`, one thread each)."""
     from sinklab.lab.cache import cached_result, lab_cache_dir, train_in_processes
 
     t0 = time.perf_counter()
