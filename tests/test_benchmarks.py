@@ -149,3 +149,37 @@ def test_stream_hybrid_runs_on_a_tiny_hybrid(tmp_path, tiny_tokenizer):
         == 8
     )
     assert result["speedup_chunked_over_step"] > 0
+
+
+def test_lab_workers_benchmark_trains_a_plan_from_an_empty_cache(tmp_path):
+    """benchmarks/lab_workers.py end to end (one arm, one round, the quick plan cut to 10 steps):
+    every run of the plan is trained in the arm's fresh process, none reused."""
+    spec = importlib.util.spec_from_file_location("lab_workers", BENCH.parent / "lab_workers.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    src = Path(__file__).resolve().parents[1] / "src"
+    out = tmp_path / "lab.json"
+    sizes = ["--steps", "10", "--rounds", "1"]
+    result = module.main(["--arm", f"now={src}", *sizes, "--out", str(out)])
+    assert json.loads(out.read_text()) == result
+    (arm,) = result["rounds"][0].values()
+    assert arm["runs"] == arm["trained"] == 12 and arm["workers"] >= 1
+    assert 0 < arm["seconds"] <= arm["process_s"]
+    assert result["ratio_to_first"] == {"now": 1.0}
+
+
+def test_serve_prefill_benchmark_on_a_tiny_model(tmp_path, tiny_model_dir):
+    """benchmarks/serve_prefill.py end to end (one round, a fresh process per arm) on a tiny
+    model: sessions read alone and in one padded batch give the same logits."""
+    path = BENCH.parent / "serve_prefill.py"
+    spec = importlib.util.spec_from_file_location("serve_prefill", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    out = tmp_path / "prefill.json"
+    sizes = ["--sessions", "3", "--history", "20", "--new", "5", "--n-sink", "2", "--window", "10"]
+    model = ["--model", str(tiny_model_dir("llama")), "--threads", "1"]
+    result = module.main([*model, *sizes, "--rounds", "1", "--out", str(out)])
+    assert json.loads(out.read_text()) == result
+    assert result["max_abs_logit_diff"] <= 1e-4
+    assert set(result["median_seconds"]) == {"alone", "together"}
+    assert result["together_over_alone"] > 0
