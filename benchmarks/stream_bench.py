@@ -104,7 +104,7 @@ def worker(spec: dict) -> dict:
     """One measurement. ``kind`` decode: :func:`decode_worker`; stream: one policy through the
     library's own loop (:func:`~sinklab.stream.evaluate.run_policy`:
     protocol, oracle, NLL, sink-auto's
-    prefix rule), ``method`` step (default) or chunked, timed between its progress callbacks."""
+    prefix rule), ``method`` step (default) or chunked, timed between its progress reports."""
     import torch
 
     from sinklab.models.loading import load_model

@@ -351,9 +351,10 @@ def test_the_embedded_model_cache_heals_in_one_line(tmp_path, smollm2):
     """A truncated embedded-model cache: one line says it is rebuilt, then the run works (no
     GGUF progress bars); the rebuilt files follow the umask. The cache starts as a copy of the
     user's whole one (the ``smollm2`` fixture built it), so the GGUF is converted once here."""
-    from sinklab.models.zoo import cache_dir
+    from sinklab.models.loading import zoo_weights
+    from sinklab.models.zoo import SMOLLM2
 
-    (whole,) = cache_dir().glob("smollm2-135m-*")
+    whole, _, _ = zoo_weights(SMOLLM2)  # the folder this checkout's GGUF converts to
     shutil.copytree(whole, tmp_path / whole.name)
     env = {**os.environ, "SINKLAB_CACHE": str(tmp_path)}
     run = [sys.executable, "-m", "sinklab.cli", "info", "--format", "json"]

@@ -138,3 +138,98 @@ def test_a_stuck_worker_is_stopped_at_its_deadline(root):
     with pytest.raises(SinklabError, match="did not finish within 0 s and was stopped"):
         cache.train_in_processes([cfg], 1, lambda k: None, deadline=lambda c: 0.2)
     assert cache.cached_result(cfg) is None
+
+
+WORKER = """
+import os, signal, sys
+from sinklab.lab import cache
+
+real, mode = cache.cached_train, {mode!r}
+
+
+def patched(config):
+    if mode == "noisy":  # a run that prints: its words must not be taken for the answer
+        print("a run that prints")
+        sys.stdout.flush()
+        os.write(1, b"and writes to fd 1\\n")
+        return real(config)
+    if mode == "exit":
+        os._exit(3)
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def stuck(config, *args, **kwargs):  # training that never ends, its folder half-written
+    open({started!r}, "w").close()
+    import time
+
+    time.sleep(120)
+
+
+if mode == "stuck":
+    cache.train = stuck  # cached_train's own folder handling runs
+else:
+    cache.cached_train = patched
+sys.exit(cache.main())
+"""
+
+
+def _fake_workers(tmp_path, monkeypatch, mode: str) -> list:
+    """Make train_in_processes start ``WORKER`` (in ``mode``) instead of the real worker; ->
+    the list its processes are appended to."""
+    import stat
+    import sys
+
+    script = tmp_path / "worker.py"
+    script.write_text(WORKER.format(mode=mode, started=str(tmp_path / "started")))
+    exe = tmp_path / "python"
+    exe.write_text(f'#!/bin/sh\nexec "{sys.executable}" "{script}"\n')
+    exe.chmod(exe.stat().st_mode | stat.S_IXUSR)
+    procs, popen = [], cache.subprocess.Popen
+
+    def kept(*args, **kwargs):
+        procs.append(popen(*args, **kwargs))
+        return procs[-1]
+
+    monkeypatch.setattr(cache.sys, "executable", str(exe))
+    monkeypatch.setattr(cache.subprocess, "Popen", kept)
+    return procs
+
+
+def test_what_a_run_prints_is_not_its_answer(root, tmp_path, monkeypatch):
+    procs = _fake_workers(tmp_path, monkeypatch, "noisy")
+    cfgs = [preset("cpu", **{**TINY, "seed": s}) for s in (0, 1)]
+    done = []
+    cache.train_in_processes(cfgs, 1, done.append)
+    assert done == [0, 1] and len(procs) == 1 and procs[0].returncode == 0
+    assert all(cache.cached_result(c) is not None for c in cfgs)
+
+
+@pytest.mark.parametrize(("mode", "said"), [("exit", "exit status 3"), ("kill", "signal 9")])
+def test_a_worker_that_dies_mid_run_is_one_line_and_none_is_left(
+    root, tmp_path, monkeypatch, mode, said
+):
+    from sinklab.errors import SinklabError
+
+    procs = _fake_workers(tmp_path, monkeypatch, mode)
+    cfgs = [preset("cpu", **{**TINY, "seed": s}) for s in (0, 1, 2)]
+    with pytest.raises(SinklabError, match=rf"a lab run failed \(.*\): .*{said}"):
+        cache.train_in_processes(cfgs, 2, lambda k: None)
+    assert len(procs) == 2 and all(p.poll() is not None for p in procs)  # none left running
+
+
+def test_a_worker_stopped_mid_run_removes_its_half_written_folder(root, tmp_path, monkeypatch):
+    """Stopped (SIGTERM) once its run is training, the worker exits through the run's cleanup:
+    no hidden temporary folder is left in the cache."""
+    from sinklab.errors import SinklabError
+
+    procs = _fake_workers(tmp_path, monkeypatch, "stuck")
+    started = tmp_path / "started"
+
+    def deadline(config):  # none until the run is inside train(), then at once
+        return 0.0 if started.exists() else 1e9
+
+    cfg = preset("cpu", **TINY)
+    with pytest.raises(SinklabError, match="did not finish within 0 s and was stopped"):
+        cache.train_in_processes([cfg], 1, lambda k: None, deadline=deadline)
+    assert started.exists() and procs[0].returncode == 128 + 15  # exited through SystemExit
+    assert list(root.iterdir()) == []  # the half-written .KEY.tmp-PID folder is gone

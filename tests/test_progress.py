@@ -1,5 +1,5 @@
 """The one progress display (``sinklab.commands.common.progress``): what it shows on a terminal,
-that it stays silent elsewhere, and that the commands feed it from the libraries' callbacks."""
+that it stays silent elsewhere, and that the commands feed it from the libraries' Progress."""
 
 from __future__ import annotations
 

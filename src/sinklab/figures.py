@@ -58,16 +58,17 @@ def plotted(fig: Figure) -> Any:
 def save(
     fig: Figure, path: Path, numbers: Any = None, *, dpi: int = DPI, tight: bool = True
 ) -> Path:
-    """Write ``fig`` to ``path`` (PNG) and its plotted numbers beside it (``NAME.json``):
-    ``numbers``, else those :func:`with_numbers` attached. Both are written atomically (the PNG
-    is rendered in memory first): an interrupted run leaves the previous figure, never half."""
+    """Write ``fig`` to ``path`` (PNG, or the format its suffix names) and its plotted numbers
+    beside it (``NAME.json``): ``numbers``, else those :func:`with_numbers` attached. Both are
+    written atomically (the image is rendered in memory first): an interrupted run leaves the
+    previous figure, never half of one."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     if tight:
         fig.tight_layout()
-    png = io.BytesIO()
-    fig.savefig(png, format="png", dpi=dpi)
-    write_bytes_atomic(path, png.getvalue())
+    image = io.BytesIO()  # the format is the suffix's (.png, .svg, .pdf), PNG without one
+    fig.savefig(image, format=path.suffix[1:].lower() or "png", dpi=dpi)
+    write_bytes_atomic(path, image.getvalue())
     write_json_atomic(path.with_suffix(".json"), plotted(fig) if numbers is None else numbers)
     return path
 

@@ -10,6 +10,7 @@ afresh. The folder is shown by ``sinklab claims --lab-cache`` and emptied by
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
@@ -17,6 +18,7 @@ import os
 import queue
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -225,6 +227,7 @@ class _Worker:
         )
         self.run: int | None = None  # the index of the run it is training
         self.since = 0.0  # when it was given that run
+        self.mark = 0  # where that run's stderr starts in ``err``
         threading.Thread(target=self._forward, args=(answers,), daemon=True).start()
 
     def _forward(self, answers: queue.Queue) -> None:
@@ -237,6 +240,7 @@ class _Worker:
         """Hand it run ``k`` (a worker that died cannot take it: SinklabError, its last words)."""
         assert self.proc.stdin is not None
         self.run, self.since = k, time.monotonic()
+        self.mark = self.err.seek(0, os.SEEK_END)
         try:
             self.proc.stdin.write(json.dumps(asdict(config)).encode() + b"\n")
             self.proc.stdin.flush()
@@ -244,10 +248,18 @@ class _Worker:
             raise SinklabError(f"a lab run failed ({config}): {self.last_words()}") from exc
 
     def last_words(self) -> str:
-        """The last line the worker wrote on stderr, else its exit status."""
-        self.err.seek(0)
+        """The last line the worker wrote on stderr during its current run, else how it ended
+        (called once its stdout closed: it is reaped first, so the status is known)."""
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.proc.wait(timeout=5)
+        self.err.seek(self.mark)
         lines = self.err.read().decode(errors="replace").strip().splitlines()
-        return lines[-1] if lines else f"exit status {self.proc.poll()}"
+        if lines:
+            return lines[-1]
+        code = self.proc.poll()
+        if code is not None and code < 0:
+            return f"killed by signal {-code}"
+        return f"exit status {code}"
 
     def close(self, wait: bool) -> None:
         """Close its stdin (an idle worker then exits); stop it unless ``wait`` and it does."""
@@ -338,6 +350,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     warnings.filterwarnings("ignore")
     _logging.disable(_logging.WARNING)
     torch.set_num_threads(1)
+    # stopped by the parent (an interrupt, an error elsewhere, a deadline): exit through the
+    # run's ``finally``, which removes its half-written folder
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     # the answers keep stdout to themselves: anything a run prints goes to stderr
     answers = os.fdopen(os.dup(sys.stdout.fileno()), "w", encoding="utf-8")
     os.dup2(sys.stderr.fileno(), sys.stdout.fileno())
