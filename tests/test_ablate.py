@@ -27,7 +27,7 @@ def test_each_experiment_end_to_end(tiny, tiny_tokenizer, tmp_path, name):
     config = AblationConfig(grid=4, probes=0, lams=(0.0, 0.5, 1.0))
     calls = []
     res = run_experiment(
-        name, tiny, tiny_tokenizer, ids, config, lambda d, t, note: calls.append(d)
+        name, tiny, tiny_tokenizer, ids, config, lambda d, t, note: calls.append((d, t, note))
     )
     data = json.loads(json.dumps(res.to_json()))
     assert data["experiment"] == name and res.config.grid == 4
@@ -36,7 +36,9 @@ def test_each_experiment_end_to_end(tiny, tiny_tokenizer, tmp_path, name):
                             "texts": texts}  # fmt: skip
     assert data["meta"] == {}  # a bare result: the caller attaches meta (sinklab.meta.attach_meta)
     assert data["conditions"] and isinstance(data["finding"], str) and "\n" not in data["finding"]
-    assert calls
+    done = [d for d, _, _ in calls]  # progress(done, total, note): counts up to its total
+    assert done == sorted(done) and calls[-1][0] == calls[-1][1] > 0
+    assert all(isinstance(note, str) for _, _, note in calls) and any(n for _, _, n in calls)
     attach_meta(res, None, None, res.params(), None)  # a run without a model or text: left out
     res.save(tmp_path)
     res.figure(tmp_path / f"{name}.png")
