@@ -1,6 +1,7 @@
-"""The one thread that runs the model: it takes turns off a queue, reads each turn's new text
-alone (the prefill, exactly as ``sinklab chat`` reads it), then decodes every busy session's
-reply together in one :class:`~sinklab.stream.generation.StreamBatch` step after step; sessions
+"""The one thread that runs the model: it takes turns off a queue, reads the new texts of the
+turns waiting together (the prefill: one left-padded forward a piece, each session's row read
+exactly as ``sinklab chat`` reads it alone), then decodes every busy session's reply together in
+one :class:`~sinklab.stream.generation.StreamBatch` step after step; sessions
 join the batch (from their saved :class:`~sinklab.stream.state.StreamState`) and leave it
 between steps. A finished turn is written to disk before it is reported done; a turn that fails
 (full disk, timeout, a client gone, a crash) leaves its session as it was before the turn.
@@ -24,7 +25,7 @@ from sinklab.serve.protocol import ApiError
 from sinklab.serve.sessions import Session, SessionStore
 from sinklab.stream.cache import CacheConfig, SinkCache
 from sinklab.stream.chat import ChatConfig, ChatSession, Opened
-from sinklab.stream.generation import StreamBatch, TextStream
+from sinklab.stream.generation import StreamBatch, TextStream, read_rows
 from sinklab.stream.state import StreamState
 
 Emit = Callable[[tuple[str, Any]], None]  # ("text", str) | ("done", dict) | ("error", ApiError)
@@ -139,46 +140,71 @@ class Engine:
             self.metrics.set_batch(len(self.active))
 
     def _admit(self) -> None:
-        while len(self.active) < self.config.max_batch:
+        """Take the turns waiting, as many as the batch has room for, and read them together."""
+        jobs: list[Job] = []
+        while len(self.active) + len(jobs) < self.config.max_batch:
             try:
-                job = self.queue.get(timeout=0.05 if not self.active else 0)
+                wait = 0.05 if not self.active and not jobs else 0
+                jobs.append(self.queue.get(timeout=wait) if wait else self.queue.get_nowait())
             except queue.Empty:
-                return
-            self._prefill(job)
+                break
+        if jobs:
+            self._prefill(jobs)
 
     @torch.inference_mode()
-    def _prefill(self, job: Job) -> None:
-        """Read the turn's new text alone, sample its first token; join the batch if the reply
-        goes on."""
-        if job.cancelled.is_set() or time.monotonic() > job.deadline:
-            self._fail(job, _timeout() if not job.cancelled.is_set() else None)
+    def _prefill(self, jobs: list[Job]) -> None:
+        """Read the turns' new texts, every session's in one left-padded forward a piece
+        (:func:`~sinklab.stream.generation.read_rows`: each row as ``sinklab chat`` reads it
+        alone), sample each reply's first token; the replies that go on join the decode batch."""
+        ready: list[tuple[Job, list[dict[str, str]], str, list[int]]] = []
+        for job in jobs:
+            if job.cancelled.is_set() or time.monotonic() > job.deadline:
+                self._fail(job, _timeout() if not job.cancelled.is_set() else None)
+                continue
+            chat = job.session.chat
+            job.snapshot = (chat.record(), chat.gen.get_state())
+            job.started = time.perf_counter()
+            try:
+                if job.seed is not None:
+                    chat.gen.manual_seed(job.seed)
+                messages, full, ids = chat.to_read(job.new)
+                if not ids:
+                    raise SinklabError("nothing to read for this turn")
+            except SinklabError as err:
+                self._fail(job, ApiError(400, str(err), code="invalid_conversation"))
+                continue
+            except Exception as err:  # the job is not in the batch yet: answer it here
+                self._prefill_failed(job, err)
+                continue
+            ready.append((job, messages, full, ids))
+        if not ready:
             return
-        chat = job.session.chat
-        job.snapshot = (chat.record(), chat.gen.get_state())
-        job.started = time.perf_counter()
         try:
-            chat.cache = SinkCache.from_state(self.model, [job.session.state])
-            if job.seed is not None:
-                chat.gen.manual_seed(job.seed)
-            job.opened = chat.begin(job.new)
-        except SinklabError as err:
-            self._fail(job, ApiError(400, str(err), code="invalid_conversation"))
+            cache = SinkCache.from_state(self.model, [job.session.state for job, *_ in ready])
+            read = read_rows(
+                self.model, cache, [ids for *_, ids in ready], self.config.prompt_chunk, fit=True
+            )
+        except Exception as err:
+            for job, *_ in ready:
+                self._prefill_failed(job, err)
             return
-        except Exception as err:  # the job is not in the batch yet: answer it here
-            self.log(f"session {job.session.id}: prefill failed: {type(err).__name__}: {err}")
-            self._fail(job, ApiError(500, "the server failed to read the turn", "server_error"))
-            return
-        self.metrics.add_prompt(job.opened.prompt_tokens)
-        job.detok = TextStream(self.tok)
-        done = self._take(job, chat.sample(job.opened.logits, job.temperature))
-        if done is not None:
-            state = chat.cache.state()
-            chat.cache = None  # type: ignore[assignment]
-            self._complete(job, state, done)
-            return
-        job.stream = self.batch.add(chat.cache.state())
-        chat.cache = None  # type: ignore[assignment]
-        self.active.append(job)
+        self.metrics.set_prefill(len(ready))
+        for b, (job, messages, full, ids) in enumerate(ready):
+            chat = job.session.chat
+            chat.watched(read.top_position[b], read.most_kept[b])
+            job.opened = Opened(messages, full, len(ids), read.logits[b])
+            self.metrics.add_prompt(len(ids))
+            job.detok = TextStream(self.tok)
+            done = self._take(job, chat.sample(read.logits[b], job.temperature))
+            if done is not None:
+                self._complete(job, cache.state(b), done)
+                continue
+            job.stream = self.batch.add(cache.state(b))
+            self.active.append(job)
+
+    def _prefill_failed(self, job: Job, err: Exception) -> None:
+        self.log(f"session {job.session.id}: prefill failed: {type(err).__name__}: {err}")
+        self._fail(job, ApiError(500, "the server failed to read the turn", "server_error"))
 
     @torch.inference_mode()
     def _step(self) -> None:

@@ -24,6 +24,7 @@ class Metrics:
         self.prompt = 0
         self.batch = 0
         self.batch_peak = 0
+        self.prefill_peak = 0  # most turns read in one prefill
         self._recent: deque[tuple[float, int]] = deque()
 
     def add_request(self, status: int) -> None:
@@ -39,6 +40,11 @@ class Metrics:
     def add_prompt(self, n: int) -> None:
         with self._lock:
             self.prompt += n
+
+    def set_prefill(self, n: int) -> None:
+        """``n`` turns were read in one prefill."""
+        with self._lock:
+            self.prefill_peak = max(self.prefill_peak, n)
 
     def set_batch(self, n: int) -> None:
         with self._lock:
@@ -78,6 +84,12 @@ class Metrics:
                     "gauge",
                     "Most sessions decoded in one step.",
                     self.batch_peak,
+                ),
+                *_one(
+                    "prefill_batch_peak",
+                    "gauge",
+                    "Most turns read in one prefill.",
+                    self.prefill_peak,
                 ),
             ]
         lines += _one("sessions", "gauge", "Sessions held.", g["sessions"])

@@ -230,14 +230,20 @@ class SinkCache(Cache):
             out["attention_mask"] = self._mask(self._prepared)
         return out
 
-    def evict_for_space(self, n: int) -> None:
+    def evict_for_space(self, n: int | Sequence[int]) -> None:
         """Before reading ``n`` tokens at once (a prompt): evict each row's oldest non-sinks so
         that what it keeps plus the ``n`` new ones fit in ``n_sink + window`` (StreamingLLM's
-        ``evict_for_space``). With ``n`` above the window, every non-sink goes."""
+        ``evict_for_space``). With ``n`` above the window, every non-sink goes. ``n`` may be one
+        count per row (rows reading different lengths; 0 leaves a row as it is)."""
         if self.capacity is None:
             return
-        for row in self.rows:
-            while row.ring and row.kept() + n > self.capacity:
+        counts = [n] * len(self.rows) if isinstance(n, int) else [int(x) for x in n]
+        if len(counts) != len(self.rows):
+            raise SinklabError(f"evict_for_space takes one count per stream ({len(self.rows)})")
+        for row, k in zip(self.rows, counts, strict=True):
+            if k <= 0:
+                continue
+            while row.ring and row.kept() + k > self.capacity:
                 row.slot_pos[row.ring.popleft()] = -1
             row.free = [s for s in row.free if row.slot_pos[s] < 0]
 

@@ -177,8 +177,7 @@ class ChatSession:
         return self.read_text[: self.reply_at] + before[at:] + after[len(before) :]
 
     def _watch(self, extra: dict[str, torch.Tensor]) -> None:
-        self.top_position = max(self.top_position, int(extra["position_ids"].max()))
-        self.most_kept = max(self.most_kept, self.cache.kept_length())
+        self.watched(int(extra["position_ids"].max()), self.cache.kept_length())
 
     def _forward(self, tokens: list[int]) -> torch.Tensor:
         extra = self.cache.prepare(len(tokens))
@@ -218,13 +217,26 @@ class ChatSession:
         """Read the conversation with the ``new`` messages appended (and the generation prompt)
         into the cache: -> the logits of its last token. Nothing else of the session changes
         until :meth:`finish`."""
+        messages, full, ids = self.to_read(new)
+        logits = self._read(ids, self.config.prompt_chunk)
+        return Opened(messages, full, len(ids), logits)
+
+    def to_read(self, new: list[dict[str, str]]) -> tuple[list[dict[str, str]], str, list[int]]:
+        """What :meth:`begin` reads for the ``new`` messages, without reading it: the
+        conversation with them, its rendering with the generation prompt, and the token ids the
+        cache has not read yet (a server reads many sessions' ids in one forward:
+        :func:`~sinklab.stream.generation.read_rows`, then :meth:`watched`)."""
         messages = [*self.messages, *new]
         full = self._rendered(messages)
         new_text = full[_common(self.read_text, full) :]  # what the cache has not read yet
         start = self.first if not self.read_text else FirstToken("none", (), False)
-        ids = self.pending + encode(new_text, self.tok, start)
-        logits = self._read(ids, self.config.prompt_chunk)
-        return Opened(messages, full, len(ids), logits)
+        return messages, full, self.pending + encode(new_text, self.tok, start)
+
+    def watched(self, top_position: int, most_kept: int) -> None:
+        """Record what a read outside the session's own cache gave the model (its highest
+        position) and kept (its most positions), as :meth:`begin`'s own reads record them."""
+        self.top_position = max(self.top_position, top_position)
+        self.most_kept = max(self.most_kept, most_kept)
 
     def sample(self, logits: torch.Tensor, temperature: float | None = None) -> int:
         """The next token from ``logits`` (V,): greedy at temperature 0, else sampled with the

@@ -125,10 +125,7 @@ def read_prompt(
     ``n_sink + window`` positions. ``watch(inputs)`` after each forward (what ``prepare`` gave).
     -> logits of the last token (V,)."""
     dev = input_device(model)
-    if cache.max_position and cache.capacity is not None:
-        piece = max(1, min(piece, cache.max_position - cache.capacity))
-    if fit and cache.capacity is not None:
-        piece = min(piece, cache.config.window)
+    piece = _piece(cache, piece, fit)
     logits = None
     for i in range(0, len(ids), piece):
         part = list(ids[i : i + piece])
@@ -142,6 +139,67 @@ def read_prompt(
     if logits is None:
         raise SinklabError("nothing to read: the prompt has no tokens")
     return logits[0, -1]
+
+
+def _piece(cache: SinkCache, piece: int, fit: bool) -> int:
+    """Tokens per forward of a prompt read: at most ``piece``, below the position bound, and
+    (``fit``) within the window, so that each piece attends to at most ``n_sink + window``."""
+    if cache.max_position and cache.capacity is not None:
+        piece = max(1, min(piece, cache.max_position - cache.capacity))
+    if fit and cache.capacity is not None:
+        piece = min(piece, cache.config.window)
+    return piece
+
+
+@dataclass
+class RowsRead:
+    """What :func:`read_rows` read: per row, the logits of its last token (V,), the highest
+    position it gave the model and the most positions it kept after a forward."""
+
+    logits: list[Tensor]
+    top_position: list[int]
+    most_kept: list[int]
+
+
+def read_rows(
+    model: Any, cache: SinkCache, ids: Sequence[Sequence[int]], piece: int, fit: bool = False
+) -> RowsRead:
+    """Prefill many streams at once: row ``b`` of ``cache`` reads ``ids[b]`` exactly as
+    :func:`read_prompt` would read it alone (the same pieces, each fitted into the cache first
+    with ``fit``; a single token is read as a decode step reads it, without fitting), the rows'
+    pieces in one left-padded forward. Row ``b``'s logits equal the row read alone (up to the
+    summation order of a batched matmul)."""
+    if len(ids) != len(cache.rows) or any(len(r) == 0 for r in ids):
+        raise SinklabError(
+            f"read_rows takes one non-empty token list per stream ({len(cache.rows)})"
+        )
+    dev = input_device(model)
+    piece = _piece(cache, piece, fit)
+    n = len(ids)
+    logits: list[Tensor | None] = [None] * n
+    top, most = [0] * n, [0] * n
+    for i in range(0, max(len(r) for r in ids), piece):
+        parts = [list(r[i : i + piece]) for r in ids]
+        counts = [len(p) for p in parts]
+        if fit:
+            cache.evict_for_space(
+                [c if len(r) > 1 else 0 for c, r in zip(counts, ids, strict=True)]
+            )
+        q = max(counts)
+        x = torch.zeros(n, q, dtype=torch.long)
+        for b, part in enumerate(parts):
+            if part:
+                x[b, q - len(part) :] = torch.as_tensor(part)
+        extra = cache.prepare(counts)
+        out = model(x.to(dev), cache=cache, logits_to_keep=1, **extra).logits
+        for b, part in enumerate(parts):
+            if not part:
+                continue
+            top[b] = max(top[b], int(extra["position_ids"][b, q - len(part) :].max()))
+            most[b] = max(most[b], cache.kept_length(b))
+            if i + piece >= len(ids[b]):
+                logits[b] = out[b, -1]
+    return RowsRead([lg for lg in logits if lg is not None], top, most)
 
 
 @torch.inference_mode()
