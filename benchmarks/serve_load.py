@@ -5,7 +5,8 @@ default) and N concurrent clients, each holding its own session for --turns turn
 plays per turn, streamed, greedy, --max-tokens per reply). Recorded per arm: aggregate completion
 tokens per second (all clients' tokens / the arm's wall time), time to first token (request sent
 -> first content chunk) and per-token latency (the gaps between content chunks), p50 and p95,
-and the server's peak batch size. Rounds alternate the N's; medians over rounds are quoted.
+and the server's peak batch sizes (decode, prefill). Rounds alternate the N's; medians over
+rounds are quoted.
 
 Soak: one session for --soak-turns turns on a fresh server: the latency of each turn and the
 server's RSS (from /metrics) every 10 turns; first vs last 100 turns.
@@ -257,6 +258,7 @@ def load_arm(n: int, args: argparse.Namespace, texts: list[str], engine: str = "
         t.join(args.budget_s + 300)
     wall = time.perf_counter() - t0
     peak = None if llama else server.metric("sinklab_batch_size_peak")
+    prefill = None if llama else server.metric("sinklab_prefill_batch_peak")
     rss = rss_mb(server.proc.pid)
     server.stop()
     tokens = sum(r["tokens"] for r in results)
@@ -276,6 +278,7 @@ def load_arm(n: int, args: argparse.Namespace, texts: list[str], engine: str = "
         "token_latency_p50_s": pct(gaps, 0.5),
         "token_latency_p95_s": pct(gaps, 0.95),
         "batch_size_peak": peak,
+        "prefill_batch_peak": prefill,
         "rss_mb_end": None if rss is None else round(rss, 1),
     }
 

@@ -269,6 +269,7 @@ def test_load_benchmark_runs_on_a_tiny_model(chat_dir, tmp_path):
     assert arm["turns_done"] == 4 and 0 < arm["completion_tokens"] <= 12
     assert arm["tokens_per_s"] == pytest.approx(arm["completion_tokens"] / arm["wall_s"], 1e-2)
     assert arm["ttft_p50_s"] <= arm["ttft_p95_s"]
+    assert 1 <= arm["prefill_batch_peak"] <= 2 and 1 <= arm["batch_size_peak"] <= 2
     assert (tmp_path / "o.json").exists()
     soak = out["soak"]
     assert soak["turns_done"] == 3 and len(soak["turn_seconds"]) == 3
