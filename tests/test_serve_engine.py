@@ -168,3 +168,29 @@ def test_turns_waiting_together_are_read_in_one_prefill(model, chat_tokenizer):
     for sid, text in zip(events, TURNS, strict=False):
         alone = _turn(_engine(model, chat_tokenizer), sid, [{"role": "user", "content": text}], 4)
         assert events[sid][-1] == alone[-1]
+
+
+def test_one_turn_failing_after_the_shared_read_fails_alone(model, chat_tokenizer):
+    """A turn whose first token cannot be sampled (after the shared prefill) fails with a 500 of
+    its own and leaves its session as before; the turn read with it completes."""
+    engine = _engine(model, chat_tokenizer)
+    events = {sid: [] for sid in ("ok", "bad")}
+    for sid, text in zip(events, TURNS, strict=False):
+        session = engine.sessions.setdefault(sid, engine.new_session(sid, "t"))
+        new = [{"role": "user", "content": text}]
+        engine.queue.put(Job(session, new, 3, 0.0, None, [], float("inf"), events[sid].append))
+    bad = engine.sessions["bad"].chat
+    before = bad.record()
+
+    def broken(logits, temperature=None):
+        raise RuntimeError("sampling broke")
+
+    bad.sample = broken
+    engine._admit()
+    while engine.active:
+        engine._step()
+    assert engine.metrics.prefill_peak == 2
+    assert events["ok"][-1][0] == "done"
+    kind, error = events["bad"][-1]
+    assert kind == "error" and error.status == 500 and "failed to read" in error.message
+    assert bad.record() == before and engine.sessions["bad"].state.seen == 0

@@ -25,7 +25,7 @@ from sinklab.serve.protocol import ApiError
 from sinklab.serve.sessions import Session, SessionStore
 from sinklab.stream.cache import CacheConfig, SinkCache
 from sinklab.stream.chat import ChatConfig, ChatSession, Opened
-from sinklab.stream.generation import StreamBatch, TextStream, read_rows
+from sinklab.stream.generation import RowsRead, StreamBatch, TextStream, read_rows
 from sinklab.stream.state import StreamState
 
 Emit = Callable[[tuple[str, Any]], None]  # ("text", str) | ("done", dict) | ("error", ApiError)
@@ -190,17 +190,25 @@ class Engine:
             return
         self.metrics.set_prefill(len(ready))
         for b, (job, messages, full, ids) in enumerate(ready):
-            chat = job.session.chat
-            chat.watched(read.top_position[b], read.most_kept[b])
-            job.opened = Opened(messages, full, len(ids), read.logits[b])
-            self.metrics.add_prompt(len(ids))
-            job.detok = TextStream(self.tok)
-            done = self._take(job, chat.sample(read.logits[b], job.temperature))
-            if done is not None:
-                self._complete(job, cache.state(b), done)
-                continue
-            job.stream = self.batch.add(cache.state(b))
-            self.active.append(job)
+            try:  # one turn's failure here is that turn's: the others read with it go on
+                self._opened(job, Opened(messages, full, len(ids), read.logits[b]), cache, b, read)
+            except Exception as err:
+                self._prefill_failed(job, err)
+
+    def _opened(self, job: Job, opened: Opened, cache: SinkCache, b: int, read: RowsRead) -> None:
+        """Turn ``job``, read as row ``b`` of ``cache``: sample its first token; it is over, or it
+        joins the decode batch."""
+        chat = job.session.chat
+        chat.watched(read.top_position[b], read.most_kept[b])
+        job.opened = opened
+        self.metrics.add_prompt(opened.prompt_tokens)
+        job.detok = TextStream(self.tok)
+        done = self._take(job, chat.sample(opened.logits, job.temperature))
+        if done is not None:
+            self._complete(job, cache.state(b), done)
+            return
+        job.stream = self.batch.add(cache.state(b))
+        self.active.append(job)
 
     def _prefill_failed(self, job: Job, err: Exception) -> None:
         self.log(f"session {job.session.id}: prefill failed: {type(err).__name__}: {err}")
