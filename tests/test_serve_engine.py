@@ -92,28 +92,29 @@ def test_a_reply_cut_at_a_stop_string_is_kept_as_the_client_got_it(model, chat_t
 
 
 def _alone(model, state, ids, piece):
-    """``ids`` read into ``state`` alone, as ``sinklab chat`` reads a turn -> (logits, state,
-    highest position given, most positions kept)."""
+    """``ids`` read into ``state`` (None: an empty stream) alone, written out here as
+    StreamingLLM reads a prompt (each piece of ``piece`` tokens fitted into the cache first, a
+    single token read as a decode step) -> (logits, state, highest position given, most kept)."""
     import torch
 
-    from sinklab.stream.cache import SinkCache
-    from sinklab.stream.generation import read_prompt
+    from sinklab.stream.cache import CacheConfig, SinkCache
 
-    cache, seen = SinkCache.from_state(model, [state]), {"top": 0, "kept": 0}
-
-    def watch(extra):
-        seen["top"] = max(seen["top"], int(extra["position_ids"].max()))
-        seen["kept"] = max(seen["kept"], cache.kept_length())
-
+    cache = (
+        SinkCache(model, CacheConfig("sink", 2, 12))
+        if state is None
+        else SinkCache.from_state(model, [state])
+    )
+    top = kept = 0
     with torch.inference_mode():
-        if len(ids) == 1:  # ChatSession._forward
-            extra = cache.prepare(1)
-            logits = model(torch.tensor([ids]), cache=cache, logits_to_keep=1, **extra).logits
-            logits = logits[0, -1]
-            watch(extra)
-        else:
-            logits = read_prompt(model, cache, ids, piece, fit=True, watch=watch)
-    return logits, cache.state(), seen["top"], seen["kept"]
+        for i in range(0, len(ids), piece):
+            part = ids[i : i + piece]
+            if len(ids) > 1:
+                cache.evict_for_space(len(part))
+            extra = cache.prepare(len(part))
+            logits = model(torch.tensor([part]), cache=cache, **extra).logits[0, -1]
+            top = max(top, int(extra["position_ids"].max()))
+            kept = max(kept, cache.kept_length())
+    return logits, cache.state(), top, kept
 
 
 def test_sessions_read_together_equal_each_read_alone(model):
@@ -123,19 +124,15 @@ def test_sessions_read_together_equal_each_read_alone(model):
     to 1e-4, the same kept positions, ring and sinks, and the same logits on the next tokens."""
     import torch
 
-    from sinklab.stream.cache import CacheConfig, SinkCache
-    from sinklab.stream.generation import read_prompt, read_rows
+    from sinklab.stream.cache import SinkCache
+    from sinklab.stream.generation import read_rows
 
-    config, piece = CacheConfig("sink", 2, 12), 8
+    piece = 8  # within _alone's window of 12: both read the same pieces
     gen = torch.Generator().manual_seed(5)
     histories = [torch.randint(4, 400, (n,), generator=gen).tolist() for n in (20, 5, 30, 14)]
     turns = [torch.randint(4, 400, (n,), generator=gen).tolist() for n in (1, 7, 25, 13)]
-    states = []
+    states = [_alone(model, None, h, piece)[1] for h in histories]
     with torch.inference_mode():
-        for h in histories:
-            cache = SinkCache(model, config)
-            read_prompt(model, cache, h, piece, fit=True)
-            states.append(cache.state())
         together = SinkCache.from_state(model, states)
         read = read_rows(model, together, turns, piece, fit=True)
     for b, (state, ids) in enumerate(zip(states, turns, strict=True)):

@@ -29,7 +29,7 @@ from sinklab.stream.generation import (
     check_decoding,
     eos_ids,
     next_token,
-    read_prompt,
+    read_rows,
 )
 
 
@@ -176,14 +176,11 @@ class ChatSession:
         # the conversation up to the reply + the reply and its closing + the new messages
         return self.read_text[: self.reply_at] + before[at:] + after[len(before) :]
 
-    def _watch(self, extra: dict[str, torch.Tensor]) -> None:
-        self.watched(int(extra["position_ids"].max()), self.cache.kept_length())
-
     def _forward(self, tokens: list[int]) -> torch.Tensor:
         extra = self.cache.prepare(len(tokens))
         x = torch.tensor([tokens], device=input_device(self.model))
         out = self.model(x, cache=self.cache, logits_to_keep=1, **extra).logits[0, -1]
-        self._watch(extra)
+        self.watched(int(extra["position_ids"].max()), self.cache.kept_length())
         return out
 
     @torch.inference_mode()
@@ -319,9 +316,9 @@ class ChatSession:
         """Read a turn's tokens, each chunk fitted into the cache first (evict_for_space)."""
         if not ids:
             raise SinklabError("nothing to read for this turn")
-        if len(ids) == 1:
-            return self._forward(ids)
-        return read_prompt(self.model, self.cache, ids, chunk, fit=True, watch=self._watch)
+        read = read_rows(self.model, self.cache, [ids], chunk, fit=True)
+        self.watched(read.top_position[0], read.most_kept[0])
+        return read.logits[0]
 
     def stats(self) -> dict[str, Any]:
         """Tokens seen, kept (and the bound), positions, the last reply's speed."""

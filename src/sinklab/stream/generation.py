@@ -111,36 +111,6 @@ def eos_ids(model: Any, tokenizer: Any) -> set[int]:
     return ids
 
 
-def read_prompt(
-    model: Any,
-    cache: SinkCache,
-    ids: Sequence[int],
-    piece: int,
-    fit: bool = False,
-    watch: Callable[[dict[str, Tensor]], None] | None = None,
-) -> Tensor:
-    """Prefill: read ``ids`` into ``cache`` (one stream), ``piece`` tokens a forward, below the
-    position bound; ``fit``: make
-    room first (:meth:`SinkCache.evict_for_space`), so each piece attends to at most
-    ``n_sink + window`` positions. ``watch(inputs)`` after each forward (what ``prepare`` gave).
-    -> logits of the last token (V,)."""
-    dev = input_device(model)
-    piece = _piece(cache, piece, fit)
-    logits = None
-    for i in range(0, len(ids), piece):
-        part = list(ids[i : i + piece])
-        if fit:
-            cache.evict_for_space(len(part))
-        x = torch.tensor([part], device=dev)
-        extra = cache.prepare(len(part))
-        logits = model(x, cache=cache, logits_to_keep=1, **extra).logits
-        if watch is not None:
-            watch(extra)
-    if logits is None:
-        raise SinklabError("nothing to read: the prompt has no tokens")
-    return logits[0, -1]
-
-
 def _piece(cache: SinkCache, piece: int, fit: bool) -> int:
     """Tokens per forward of a prompt read: at most ``piece``, below the position bound, and
     (``fit``) within the window, so that each piece attends to at most ``n_sink + window``."""
@@ -161,14 +131,27 @@ class RowsRead:
     most_kept: list[int]
 
 
+def left_padded(parts: Sequence[Sequence[int]]) -> Tensor:
+    """Token lists of different lengths as one (B, q) batch, each left-padded with 0 to the
+    longest (a row with none is all padding): what :meth:`SinkCache.prepare` plans for."""
+    q = max((len(p) for p in parts), default=0)
+    x = torch.zeros(len(parts), q, dtype=torch.long)
+    for b, part in enumerate(parts):
+        if part:
+            x[b, q - len(part) :] = torch.as_tensor(list(part))
+    return x
+
+
 def read_rows(
     model: Any, cache: SinkCache, ids: Sequence[Sequence[int]], piece: int, fit: bool = False
 ) -> RowsRead:
-    """Prefill many streams at once: row ``b`` of ``cache`` reads ``ids[b]`` exactly as
-    :func:`read_prompt` would read it alone (the same pieces, each fitted into the cache first
-    with ``fit``; a single token is read as a decode step reads it, without fitting), the rows'
-    pieces in one left-padded forward. Row ``b``'s logits equal the row read alone (up to the
-    summation order of a batched matmul)."""
+    """The prefill: row ``b`` of ``cache`` reads ``ids[b]``, ``piece`` tokens a forward, below
+    the position bound; ``fit``: each piece fitted into the cache first
+    (:meth:`SinkCache.evict_for_space`), so it attends to at most ``n_sink + window`` positions,
+    except a single token, read as a decode step reads it. Many rows read their pieces in one
+    left-padded forward; row ``b``'s logits equal the row read alone (up to the summation order
+    of a batched matmul). One row is ``generate``'s prompt and ``chat``'s turn; many are the
+    server's turns waiting together."""
     if len(ids) != len(cache.rows) or any(len(r) == 0 for r in ids):
         raise SinklabError(
             f"read_rows takes one non-empty token list per stream ({len(cache.rows)})"
@@ -179,19 +162,15 @@ def read_rows(
     logits: list[Tensor | None] = [None] * n
     top, most = [0] * n, [0] * n
     for i in range(0, max(len(r) for r in ids), piece):
-        parts = [list(r[i : i + piece]) for r in ids]
+        parts = [r[i : i + piece] for r in ids]
         counts = [len(p) for p in parts]
         if fit:
             cache.evict_for_space(
                 [c if len(r) > 1 else 0 for c, r in zip(counts, ids, strict=True)]
             )
         q = max(counts)
-        x = torch.zeros(n, q, dtype=torch.long)
-        for b, part in enumerate(parts):
-            if part:
-                x[b, q - len(part) :] = torch.as_tensor(part)
         extra = cache.prepare(counts)
-        out = model(x.to(dev), cache=cache, logits_to_keep=1, **extra).logits
+        out = model(left_padded(parts).to(dev), cache=cache, logits_to_keep=1, **extra).logits
         for b, part in enumerate(parts):
             if not part:
                 continue
@@ -224,11 +203,8 @@ def generate(
     dev = input_device(model)
     start = time.perf_counter()
 
-    def watch(extra: dict[str, Tensor]) -> None:
-        nonlocal top
-        top = max(top, int(extra["position_ids"].max()))
-
-    logits = read_prompt(model, cache, prompt, config.prefill_chunk, watch=watch)
+    read = read_rows(model, cache, [prompt], config.prefill_chunk)
+    logits, top = read.logits[0], read.top_position[0]
     while True:
         tok = int(next_token(logits[None], config.temperature, gen)[0])
         tokens.append(tok)
@@ -306,12 +282,10 @@ class StreamBatch:
         unknown = set(tokens) - set(self.ids)
         if unknown:
             raise SinklabError(f"no such stream: {sorted(unknown)} (streams: {self.ids})")
-        counts = [len(tokens.get(s, ())) for s in self.ids]
+        parts = [tokens.get(s, ()) for s in self.ids]
+        counts = [len(p) for p in parts]
         q = max(counts, default=0)
-        x = torch.zeros(len(self.ids), q, dtype=torch.long)
-        for b, s in enumerate(self.ids):
-            if counts[b]:
-                x[b, q - counts[b] :] = torch.as_tensor(list(tokens[s]))
+        x = left_padded(parts)
         extra = self.cache.prepare(counts)
         keep = {"logits_to_keep": 1} if last_only else {}
         x = x.to(input_device(self.model))
