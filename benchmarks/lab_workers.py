@@ -22,6 +22,10 @@ import tempfile
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+
+from sinklab.meta import dumps_json, write_json_atomic
+
 #: what one arm runs in its fresh process: the plan trained into an empty cache, timed inside
 ARM = """
 import json, sys, time
@@ -78,11 +82,9 @@ def main(argv: list[str] | None = None) -> dict:
         "nproc": os.cpu_count(),
         "load_average_at_end": list(os.getloadavg()),
     }
-    text = json.dumps(report, indent=1)
-    print(text)
+    print(dumps_json(report))
     if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(text + "\n", encoding="utf-8")
+        write_json_atomic(args.out, report)
     return report
 
 

@@ -24,6 +24,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
+from sinklab.meta import dumps_json, write_json_atomic
+
 
 def worker(args: argparse.Namespace) -> dict:
     """One arm: build the sessions (not timed), then read every session's new tokens."""
@@ -125,11 +127,9 @@ def main(argv: list[str] | None = None) -> dict:
         "load_average_at_end": list(os.getloadavg()),
     }
     report["params"]["out"] = str(args.out) if args.out else None
-    text = json.dumps(report, indent=1)
-    print(text)
+    print(dumps_json(report))
     if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(text + "\n", encoding="utf-8")
+        write_json_atomic(args.out, report)
     return report
 
 
