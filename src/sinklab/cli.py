@@ -40,6 +40,27 @@ _HELP = (
     "  sinklab report --quick                        # everything, as one HTML page"
 )
 _APP: Any = None
+#: click's context settings for the whole application: ``-h`` is ``--help`` on every command.
+CONTEXT = {"help_option_names": ["-h", "--help"]}
+
+
+VERSION_FLAGS = ("--version", "-V")
+
+
+def _version_line() -> str:
+    import sinklab
+
+    return f"sinklab {sinklab.__version__}"
+
+
+def _print_version(value: bool) -> None:
+    """``--version`` among other arguments: the version on stdout, then exit 0 (eager: before
+    any command runs). Alone it never gets here: :func:`_main` answers it before the imports."""
+    if value:
+        import typer
+
+        print(_version_line())
+        raise typer.Exit()
 
 
 def get_app() -> Any:
@@ -54,10 +75,20 @@ def get_app() -> Any:
             no_args_is_help=True,
             pretty_exceptions_enable=False,
             add_completion=False,
+            context_settings=CONTEXT,  # every command and subcommand inherits -h
         )
 
         @app.callback()
-        def _root() -> None:
+        def _root(
+            version: bool = typer.Option(
+                False,
+                "--version",
+                "-V",
+                help="Print sinklab's version and exit.",
+                is_eager=True,
+                callback=_print_version,
+            ),
+        ) -> None:
             """sinklab: attention sinks, measured."""
 
         _register_commands(app)
@@ -200,6 +231,10 @@ def _main(argv: list[str] | None, caught: list[int]) -> int:
             "redirect it to a file or /dev/null instead"
         )
         return 2
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) == 1 and args[0] in VERSION_FLAGS:
+        print(_version_line())  # at once: no typer, torch or transformers to import
+        return 0
     try:
         code = _run(argv)
         if code == 130 and caught:
