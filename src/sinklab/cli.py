@@ -33,11 +33,12 @@ _HELP = (
     "Make attention sinks in transformer LMs visible, measurable, exploitable and "
     "removable.\n\n"
     "Examples:\n\n"
-    "  sinklab info                                  # the embedded SmolLM2 and corpus\n\n"
-    "  sinklab probe --tokens 1024 --q0 16           # sink mass per layer and head\n\n"
-    "  sinklab stream --policy all --tokens 4000     # streaming perplexity, sink vs window\n\n"
-    "  sinklab ablate --experiment first-token       # drop / replace the first token\n\n"
-    "  sinklab report --quick                        # everything, as one HTML page"
+    "  sinklab info                               # the embedded SmolLM2 and corpus\n"
+    "  sinklab probe --tokens 1024 --q0 16        # sink mass per layer and head\n"
+    "  sinklab stream --policy all --tokens 4000  # streaming perplexity per policy\n"
+    "  sinklab ablate --experiment first-token    # drop / replace the first token\n"
+    "  sinklab report --quick                     # everything, as one HTML page\n\n"
+    "Every command: -h for its options."
 )
 _APP: Any = None
 #: click's context settings for the whole application: ``-h`` is ``--help`` on every command.
@@ -117,10 +118,12 @@ def _register_commands(app: Any) -> None:
         stream,
         train,
     )
+    from sinklab.commands.helptext import apply_plain_help
 
     commands = (info, models, probe, stream, generate, chat, serve, ablate, report, cost, train)
     for module in (*commands, claims):
         module.register(app)
+    apply_plain_help(app)  # docstrings -> what a terminal shows (no RST, no broken wraps)
     for command in app.registered_commands:
         command.callback = _guard_stdout(command.callback)
 

@@ -135,9 +135,11 @@ def ablate(
     """Test a paper's causal claim on a model: numbers in DIR/ablate.json, a figure beside it
     (the experiments and their rules: docs/experiments.md).
 
-    Examples: sinklab ablate -e first-token --tokens 256;
-    sinklab ablate -e density --lams 0,0.5,1 --out runs/density;
-    sinklab ablate -e density --protocol temperature --temperatures 0.5,1,2 --layers 10-19
+    Examples:
+
+      sinklab ablate -e first-token --tokens 256
+      sinklab ablate -e density --lams 0,0.5,1 --out runs/density
+      sinklab ablate -e density --protocol temperature --temperatures 0.5,1,2 --layers 10-19
     """
     from sinklab.ablate import AblationConfig, check_experiment
     from sinklab.ablate.run import AblationRun

@@ -106,11 +106,12 @@ def chat(
     ] = None,
     prepend: PrependOpt = None,
 ) -> None:
-    """Chat with the model (its chat template) in flat memory: the cache never holds more than
-    n_sink + window positions however long the conversation, each turn's text is fitted into it
-    before it is read, and positions stay below the model's maximum. Replies stream to stdout.
-    Reads stdin line by line when it is not a terminal, so a script can drive it; /stats,
-    /reset, /quit.
+    """Chat with the model (its chat template) in flat memory.
+
+    The cache never holds more than n_sink + window positions however long the conversation,
+    each turn's text is fitted into it before it is read, and positions stay below the model's
+    maximum. Replies stream to stdout. Reads stdin line by line when it is not a terminal, so a
+    script can drive it; /stats, /reset, /quit.
 
     Example: printf 'Hi!\\nName three plays by Shakespeare.\\n/stats\\n' | sinklab chat
     """

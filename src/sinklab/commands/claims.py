@@ -123,8 +123,11 @@ def claims(
 ) -> None:
     """Test every claim of docs/claims.md by its one rule: effect, 95 % interval, verdict.
 
-    Examples: sinklab claims; sinklab claims --texts shakespeare:lear,shakespeare:tempest,my.txt;
-    sinklab claims --claims first-token-sinks,sink-cheaper --lab runs/ --out claims-out
+    Examples:
+
+      sinklab claims
+      sinklab claims --texts shakespeare:lear,shakespeare:tempest,my.txt
+      sinklab claims --claims first-token-sinks,sink-cheaper --lab runs/ --out claims-out
     """
     from sinklab.claims.across import model_names
     from sinklab.claims.core import DEFAULT_TEXTS, ClaimsConfig, claims_on

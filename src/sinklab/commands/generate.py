@@ -54,9 +54,11 @@ def generate(
     prepend: PrependOpt = None,
     fmt: FormatOpt = OutputFormat.text,
 ) -> None:
-    """Generate with a StreamingLLM sink cache: the cache never holds more than n_sink + window
-    positions, so --max-new-tokens 20000 runs in flat memory. Text goes to stdout, progress and
-    a summary to stderr; --format json prints the result (its text included) as JSON instead.
+    """Generate text with a StreamingLLM sink cache, in flat memory.
+
+    The cache never holds more than n_sink + window positions, so --max-new-tokens 20000 runs
+    in flat memory. Text goes to stdout, progress and a summary to stderr; --format json prints
+    the result (its text included) as JSON instead.
 
     Example: sinklab generate --prompt "ROMEO:" --max-new-tokens 20000 --ignore-eos
     """

@@ -11,8 +11,7 @@ from rich.table import Table
 from sinklab.commands.common import FormatOpt, OutputFormat, emit_json, progress, stderr
 from sinklab.models.zoo import ZOO, find_gguf, status, zoo_model
 
-models_app = typer.Typer(
-    help="The model zoo: real models of several families, installable from PyPI.",
+models_app = typer.Typer(  # its help: the callback's docstring
     no_args_is_help=False,
     invoke_without_command=True,
 )
@@ -30,9 +29,15 @@ def _yes(flag: bool) -> str:
 
 @models_app.callback()
 def models(ctx: typer.Context, fmt: FormatOpt = OutputFormat.text) -> None:
-    """List the named models: family, size, license, and whether each is installed and cached.
+    """The model zoo: real models of several families, installable from PyPI.
 
-    Example: sinklab models --format json
+    Without a subcommand: list the named models, with family, size, license, and whether each
+    is installed and cached.
+
+    Examples:
+
+      sinklab models --format json
+      sinklab models install gemma3-270m
     """
     if ctx.invoked_subcommand is not None:
         return

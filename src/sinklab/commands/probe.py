@@ -80,9 +80,11 @@ def probe(
     dtype: DtypeOpt = "float32",
     device: DeviceOpt = "cpu",
 ) -> None:
-    """Measure sink mass, diagonal / previous-token mass, entropy, value norms and hidden-state
-    similarity for every layer and head, in one forward: each layer's few weights come from the
-    fused kernel's log-sum-exp (no T x T block; memory linear in T, up to the model's positions).
+    """Measure the sink metrics of every layer and head in one forward.
+
+    Sink mass, diagonal / previous-token mass, entropy, value norms and hidden-state similarity:
+    each layer's few weights come from the fused kernel's log-sum-exp (no T x T block; memory
+    linear in T, up to the model's positions). Writes OUT/probe.json and figures.
 
     Example: sinklab probe --tokens 1024 --q0 16 --lengths 128,512,2048 --out runs/probe
     """

@@ -93,10 +93,13 @@ def train(
 ) -> None:
     """Train a tiny decoder, probe sinks at each checkpoint, write train.json and figures.
 
-    Examples: sinklab train --task backcopy; sinklab train --task backcopy --sweep variants;
-    sinklab train --variant softmax1 --data packed --steps 600;
-    sinklab train --preset gpu --sweep data;
-    torchrun --nproc-per-node 2 -m sinklab train --task backcopy (each process one rank)
+    Examples:
+
+      sinklab train --task backcopy
+      sinklab train --task backcopy --sweep variants
+      sinklab train --variant softmax1 --data packed --steps 600
+      sinklab train --preset gpu --sweep data
+      torchrun --nproc-per-node 2 -m sinklab train --task backcopy  # each process one rank
     """
     from sinklab.lab.distributed import train_distributed
     from sinklab.lab.presets import config_from_options
