@@ -21,6 +21,8 @@ from sinklab.commands.common import (
     emit_json,
     load,
     parse_int_list,
+    plain_table,
+    print_table,
     progress,
     split_list,
     stderr,
@@ -246,18 +248,18 @@ def _claims_across(
         stderr.print(f"wrote {out}/claims.json and claims_models.png")
 
 
-def _print_across(table: list[dict], names: list[str], seconds: list[float]) -> None:
-    from rich.table import Table
-
+def _print_across(
+    table: list[dict], names: list[str], seconds: list[float], console: Any = None
+) -> None:
     from sinklab.claims.across import text_rows
 
     timing = ", ".join(f"{n} {s:.0f} s" for n, s in zip(names, seconds, strict=True))
-    view = Table(title=f"Claims across models (rule: docs/claims.md; {timing})")
+    view = plain_table(f"Claims across models (rule: docs/claims.md; {timing})")
     for col in ("claim", "claimed", *names):
         view.add_column(col, no_wrap=col in ("claim", "claimed"))
     for row in text_rows(table, names):
         view.add_row(*row)
-    _print_whole(view)
+    print_table(view, console)
 
 
 def _cache_command(clear: bool, fmt: OutputFormat) -> None:
@@ -284,38 +286,20 @@ def _cache_command(clear: bool, fmt: OutputFormat) -> None:
         print(f"  {r['key']}  {r.get('run', 'unreadable')}  {state if r['readable'] else ''}")
 
 
-def _print_whole(table: Any, console: Any = None) -> Any:
-    """Print a rich table on stdout. On a terminal it fits the screen; on a pipe or in a file it
-    is as wide as it needs, so no verdict or number is ever cut short. -> the console used."""
-    from rich.console import Console
-    from rich.measure import Measurement
-
-    console = console or Console()
-    if not console.is_terminal:
-        need = Measurement.get(console, console.options.update_width(10_000), table).maximum
-        console = Console(file=console.file, width=max(console.width, need), force_terminal=False)
-    console.print(table)
-    return console
-
-
 def _print_table(data: dict, console: Any = None) -> None:
-    """The claims table on stdout. On a terminal it fits the screen (the site's words wrap); on a
-    pipe or in a file it is as wide as it needs, so no verdict or number is ever cut short."""
-    from rich.table import Table
-
+    """The claims table on stdout (:func:`~sinklab.commands.common.print_table`: 80 columns
+    hold it, nothing is cut short). The site goes under the claim's id, in its cell: a column
+    of its own leaves no room for the numbers."""
     from sinklab.claims.table import COLUMNS, reasons, text_rows
 
-    table = Table(title="Claims (rule: docs/claims.md)", show_lines=False)
-    for col in COLUMNS:
-        wide = col == "claim"
-        table.add_column(
-            col,
-            no_wrap=col != "site",  # numbers never break; the site's words may
-            min_width=max(len(r["id"]) for r in data["claims"]) if wide else None,
-        )
-    for row in text_rows(data):
-        table.add_row(*row)
-    console = _print_whole(table, console)
+    table = plain_table("Claims (rule: docs/claims.md)")
+    claim, site, *numbers = COLUMNS
+    table.add_column(f"{claim} ({site})", min_width=max(len(r["id"]) for r in data["claims"]))
+    for col in numbers:
+        table.add_column(col, no_wrap=True)  # numbers and verdicts never break
+    for ident, where, *cells in text_rows(data):
+        table.add_row(f"{ident}\n({where})", *cells)
+    console = print_table(table, console)
     for line in reasons(data):
         console.print(line, soft_wrap=True)
     lab = data.get("run", {}).get("lab")

@@ -145,6 +145,36 @@ WindowOpt = Annotated[int, typer.Option("--window", help="Most recent positions 
 stderr = Console(stderr=True)
 
 
+def plain_table(title: str | None = None, *, show_header: bool = True) -> Any:
+    """The one look of every table the commands print: no box (a box costs three columns per
+    column, which 80 columns cannot spare), bold headers, no padding at the edges."""
+    from rich.table import Table
+
+    return Table(title=title, box=None, pad_edge=False, show_header=show_header)
+
+
+def print_table(table: Any, console: Console | None = None) -> Console:
+    """Print a rich table on stdout, never cutting a cell short. On a terminal it fits the
+    screen. On a pipe or in a file it fits the console's width (``COLUMNS``, else 80) wherever
+    its wrappable cells can wrap, and is as wide as it needs only where even its narrowest
+    layout (every cell wrapped at its longest word, ``no_wrap`` cells whole) is wider, so no
+    verdict, number or name is printed as "inconclusi…". -> the console used."""
+    from rich.measure import Measurement
+
+    console = console or Console()
+    if not console.is_terminal:
+        wide = console.options.update_width(10_000)
+        for column in table.columns:  # rich measures a no_wrap cell by its longest word
+            if column.no_wrap:
+                cells = [column.header, *column.cells]
+                whole = max(Measurement.get(console, wide, cell).maximum for cell in cells)
+                column.min_width = max(column.min_width or 0, whole)
+        need = Measurement.get(console, wide, table).minimum
+        console = Console(file=console.file, width=max(console.width, need), force_terminal=False)
+    console.print(table)
+    return console
+
+
 def emit_json(data: Any) -> None:
     """``--format json`` on stdout, through the one JSON encoder (non-finite numbers as null)."""
     sys.stdout.write(dumps_json(data, unknown=str) + "\n")

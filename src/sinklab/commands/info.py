@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import typer
-from rich.table import Table
+from rich.console import Console
 
 from sinklab.commands.common import (
     DeviceOpt,
@@ -15,6 +15,7 @@ from sinklab.commands.common import (
     TrustOpt,
     emit_json,
     load,
+    plain_table,
     stderr,
 )
 from sinklab.corpus import count_tokens, load_text
@@ -40,14 +41,14 @@ def info(
     if fmt is OutputFormat.json:
         emit_json(data)
         return
-    table = Table(title=f"sinklab info: {loaded.info.name}", show_header=False)
+    table = plain_table(f"sinklab info: {loaded.info.name}", show_header=False)
+    table.add_column(no_wrap=True)
+    table.add_column(overflow="fold")  # a long path or hash folds over lines, never cut
     for key, value in data["model"].items():
         table.add_row(key, str(value))
     for key, value in data["text"].items():
         table.add_row(f"text.{key}", str(value))
-    from rich.console import Console
-
-    Console().print(table)
+    Console().print(table)  # a width's worth: a path folds rather than widening the table
 
 
 def register(app: typer.Typer) -> None:

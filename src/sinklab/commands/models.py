@@ -5,10 +5,16 @@ from __future__ import annotations
 from typing import Annotated
 
 import typer
-from rich.console import Console
-from rich.table import Table
 
-from sinklab.commands.common import FormatOpt, OutputFormat, emit_json, progress, stderr
+from sinklab.commands.common import (
+    FormatOpt,
+    OutputFormat,
+    emit_json,
+    plain_table,
+    print_table,
+    progress,
+    stderr,
+)
 from sinklab.models.zoo import ZOO, find_gguf, status, zoo_model
 
 models_app = typer.Typer(  # its help: the callback's docstring
@@ -45,12 +51,12 @@ def models(ctx: typer.Context, fmt: FormatOpt = OutputFormat.text) -> None:
     if fmt is OutputFormat.json:
         emit_json({"models": rows})
         return
-    table = Table(title="sinklab models (--model NAME)")
+    table = plain_table("sinklab models (--model NAME)")
     for column in ("name", "family", "params", "license", "download", "installed", "cached"):
-        table.add_column(column)
+        table.add_column(column, no_wrap=column != "license")  # names are typed: never cut
     for row in rows:
         table.add_row(
-            row["name"] + (" (default)" if row["embedded"] else ""),
+            row["name"] + ("\n(default)" if row["embedded"] else ""),
             row["family"],
             row["params"],
             row["license"],
@@ -58,8 +64,7 @@ def models(ctx: typer.Context, fmt: FormatOpt = OutputFormat.text) -> None:
             _yes(row["installed"]),
             _yes(row["cached"]),
         )
-    out = Console()
-    out.print(table)
+    out = print_table(table)
     for row in rows:
         if not row["open_license"]:
             out.print(f"{row['name']}: {_license(row['name'], row['license_file'])}")
