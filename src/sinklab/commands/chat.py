@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
+import signal
 import sys
+from collections.abc import Callable, Iterator
 from typing import Annotated, Any
 
 import typer
@@ -36,14 +39,71 @@ def _stdin() -> Any:
     return stream
 
 
+class ChatInterrupt(KeyboardInterrupt):
+    """Ctrl-C (SIGINT) during ``sinklab chat``: mid-reply it stops the reply, at the prompt it
+    ends the chat. SIGTERM keeps the command line's own handling (exit 130)."""
+
+
+@contextlib.contextmanager
+def _ctrl_c() -> Iterator[None]:
+    """SIGINT raises :class:`ChatInterrupt` for the length of the chat (the previous handler is
+    put back after it); outside the main thread signals stay as they are."""
+
+    def handler(signum: int, frame: object) -> None:
+        raise ChatInterrupt
+
+    try:
+        previous = signal.signal(signal.SIGINT, handler)
+    except ValueError:  # not the main thread
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def _line_editing() -> None:
+    """Arrows, history and Ctrl-A/E on the terminal: ``input()`` edits lines through GNU readline
+    once it is imported (without it an arrow key prints ``^[[D``). Where Python has no readline
+    (some builds), lines are read as typed."""
+    with contextlib.suppress(ImportError):
+        import readline  # noqa: F401
+
+
+def _typed(prompt: str) -> str | None:
+    """One line typed on the terminal (None at Ctrl-D). The prompt goes where readline can
+    redraw it: stdout when it is the terminal too, else stderr."""
+    try:
+        if sys.stdout.isatty():
+            return input(prompt)
+        sys.stderr.write(prompt)
+        sys.stderr.flush()
+        return input()
+    except EOFError:
+        return None
+
+
 def _lines(interactive: bool):
-    """User lines: prompted on a terminal, read one per line from a pipe or file, each at most
-    :data:`MAX_LINE_BYTES` and UTF-8 text (else a one-line error: the input is not a chat)."""
+    """User lines: typed on a terminal (with line editing), read one per line from a pipe or
+    file, each at most :data:`MAX_LINE_BYTES` and UTF-8 text (else a one-line error: the input
+    is not a chat)."""
     buffer = _stdin().buffer
+    if interactive:
+        _line_editing()
     while True:
         if interactive:
-            sys.stderr.write("you> ")
-            sys.stderr.flush()
+            line = _typed("you> ")
+            if line is None:
+                return
+            if len(line.encode("utf-8", "surrogateescape")) > MAX_LINE_BYTES or "\x00" in line:
+                print(
+                    f"sinklab: error: a message of at most {MAX_LINE_BYTES // 1024} KiB of text",
+                    file=sys.stderr,
+                )
+                continue
+            yield line
+            continue
         raw = buffer.readline(MAX_LINE_BYTES + 1)
         if not raw:
             return
@@ -61,6 +121,50 @@ def _lines(interactive: bool):
                 f"a line on stdin is not UTF-8 (bad byte at offset {exc.start}); pipe UTF-8 text"
             ) from None
         yield line.rstrip("\r\n")
+
+
+def _mark(session: Any) -> Callable[[], None]:
+    """What :func:`_turn` needs to take an interrupted reply back: -> a function that puts the
+    session as it was before the turn. A local session's cache is saved (its kept positions,
+    bounded by n_sink + window) with the sampler's state; where a cache cannot be saved (a
+    hybrid sliding-window model) the conversation is read again from its messages at the next
+    turn. A --server session is the server's: nothing to take back here."""
+    from sinklab.stream.cache import SinkCache
+    from sinklab.stream.chat import ChatSession
+
+    if not isinstance(session, ChatSession):
+        return lambda: None
+    cache, gen = session.cache, session.gen.get_state()
+    try:
+        state = cache.state() if cache.rows and cache.kept_length() else None
+    except SinklabError:
+        state = None
+    before = (session.read_text, session.reply_at, list(session.pending))
+
+    def rollback() -> None:
+        session.gen.set_state(gen)
+        if state is not None:
+            session.cache = SinkCache.from_state(session.model, [state], cache.max_position)
+            session.read_text, session.reply_at, session.pending = before
+        else:  # empty before the turn, or not savable: read the conversation again next turn
+            session.cache.reset()
+            session.read_text, session.reply_at, session.pending = "", None, []
+
+    return rollback
+
+
+def _turn(session: Any, text: str, on_text: Callable[[str], None]) -> bool:
+    """One turn; Ctrl-C mid-reply stops the reply and commits none of it (the conversation
+    goes on as if the message was never sent). -> whether the reply was whole."""
+    rollback = _mark(session)
+    try:
+        session.turn(text, on_text)
+    except ChatInterrupt:
+        rollback()
+        sys.stdout.write("\n")
+        print("sinklab: (reply interrupted; not kept)", file=sys.stderr, flush=True)
+        return False
+    return True
 
 
 def _format_stats(s: dict) -> str:
@@ -139,6 +243,16 @@ def chat(
         sys.stdout.write(piece)
         sys.stdout.flush()
 
+    with _ctrl_c(), contextlib.suppress(ChatInterrupt):  # Ctrl-C at the prompt: the end
+        _converse(session, server is not None, interactive, on_text)
+    if interactive:
+        sys.stdout.write("\n")
+
+
+def _converse(
+    session: Any, remote: bool, interactive: bool, on_text: Callable[[str], None]
+) -> None:
+    """The conversation: each line a message or a /command, until the input ends or /quit."""
     for line in _lines(interactive):
         text = line.strip()
         if not text:
@@ -149,7 +263,6 @@ def chat(
                 break
             if command == "/stats":
                 stats = session.stats()
-                remote = server is not None
                 print(_format_remote(stats) if remote else _format_stats(stats), flush=True)
             elif command == "/reset":
                 session.reset()
@@ -158,7 +271,8 @@ def chat(
                 print(f"sinklab: unknown command {command}; {HELP}", file=sys.stderr)
             continue
         try:
-            session.turn(text, on_text)
+            if not _turn(session, text, on_text):
+                continue
         except SinklabError as exc:  # a bad turn: say so in one line, keep the conversation
             print(f"sinklab: error: {exc}", file=sys.stderr)
         sys.stdout.write("\n")
