@@ -17,7 +17,7 @@ def test_cost_cli_writes_json_and_figure(capsys, tmp_path):
     assert (tmp_path / "cost_loglog.png").is_file() and (tmp_path / "cost_loglog.json").is_file()
     assert {"config", "meta"} <= set(data)  # the result, not overwritten by the figure's numbers
     assert data["config"]["steps"] == 20 and data["config"]["shared"] == 0.0
-    assert "realised at every T" in proc.stderr.splitlines()  # CostResult.summary_lines
+    assert "realised at every T" in proc.stdout.splitlines()  # CostResult.summary_lines
     assert "fro_qk" in data["fits"]["sink"] and "fro_vo" not in data["fits"]["sink"]  # W_VO = 0
 
 
@@ -41,7 +41,7 @@ def test_train_cli_backcopy_writes_the_backcopy_metrics(capsys, tmp_path):
     keys |= {"null_mass_nontrigger", "gate_nontrigger", "bos_value_norm", "backcopy_loss"}
     keys |= {"output_norm_nontrigger", "output_norm_trigger"}
     assert keys <= set(bc) and bc["head"] == [0, 0] and bc["gate_nontrigger"] is None
-    assert "first-token mass at non-trigger queries" in proc.stderr
+    assert "first-token mass at non-trigger queries" in proc.stdout
     assert tuple(data["meta"]) == META_KEYS and data["meta"]["params"] == data["config"]
     assert data["run"]["triggers"] == [" ", "e", "t"] and data["run"]["processes"] == 1
     assert (tmp_path / "checkpoints" / "step-3" / "tokenizer.json").is_file()

@@ -26,7 +26,7 @@ def hybrid_dir(tmp_path_factory, tiny_tokenizer) -> Path:
 
 def test_stream_all_policies_writes_json_and_figure(capsys, tmp_path: Path, tiny_model_dir):
     out = tmp_path / "s"
-    code, _, err = run_main(
+    code, stdout, err = run_main(
         capsys,
         "stream",
         "--model",
@@ -54,7 +54,7 @@ def test_stream_all_policies_writes_json_and_figure(capsys, tmp_path: Path, tiny
     # llama: the default method (auto) picks chunked, says so on one line and in the JSON
     assert data["meta"]["params"]["method"] == "auto" and data["method"] == "chunked"
     assert data["method_reason"].startswith("auto: chunked serves this model")
-    flat = " ".join(err.split())  # the console wraps long lines
+    flat = " ".join(stdout.split())  # the result on stdout (it was stderr before issue 28)
     assert flat.startswith(f"method: chunked ({data['method_reason']}) ")
     # --segment: blocks of 10 targets, each the exp of its mean NLL (the JSON's rounded NLLs)
     assert data["meta"]["params"]["segment"] == 10
@@ -151,18 +151,18 @@ def test_model_mistakes_exit_2(capsys, tiny_model_dir, family, args, needle):
 
 def _stream_both(capsys, tmp_path, folder, methods) -> dict:
     """``sinklab stream`` on ``folder`` once per method ("auto": no --method) -> JSON per method;
-    each says on stderr which method ran and why."""
+    each says on stdout, with its result, which method ran and why."""
     got = {}
     for method in methods:
         out = tmp_path / method
         args = [*STREAM, "--policy", "dense,sink,recompute", "--recompute-every", "5"]
         args += ["--out", str(out)]
         extra = [] if method == "auto" else ["--method", method]
-        code, _, err = run_main(capsys, "stream", "--model", str(folder), *args, *extra)
+        code, stdout, err = run_main(capsys, "stream", "--model", str(folder), *args, *extra)
         assert code == 0, err
         got[method] = restore_non_finite(json.loads((out / "stream.json").read_text()))
         ran, reason = got[method]["method"], got[method]["method_reason"]
-        assert " ".join(err.split()).startswith(f"method: {ran} ({reason}) ")
+        assert " ".join(stdout.split()).startswith(f"method: {ran} ({reason}) ")  # the result
         assert (out / "block_ppl.png").stat().st_size > 1000
     return got
 

@@ -20,6 +20,7 @@ from sinklab.commands.common import (
     TextOpt,
     TrustOpt,
     check_positions,
+    emit,
     emit_json,
     given,
     load,
@@ -141,6 +142,8 @@ def ablate(
       sinklab ablate -e density --lams 0,0.5,1 --out runs/density
       sinklab ablate -e density --protocol temperature --temperatures 0.5,1,2 --layers 10-19
     """
+    from rich.markup import escape
+
     from sinklab.ablate import AblationConfig, check_experiment
     from sinklab.ablate.run import AblationRun
     from sinklab.corpus import first_token, load_text
@@ -193,9 +196,8 @@ def ablate(
     if fmt is OutputFormat.json:
         emit_json(data)
         return
-    from rich.console import Console
-
-    Console().print(f"[bold]{experiment}[/bold]: {result.finding}\nwrote {path} and {figure_path}")
+    emit(f"[bold]{experiment}[/bold]: {escape(result.finding)}", markup=True)
+    emit(f"wrote {path} and {figure_path}")
 
 
 def register(app: typer.Typer) -> None:

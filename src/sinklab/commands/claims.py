@@ -18,6 +18,7 @@ from sinklab.commands.common import (
     PrependOpt,
     SeedOpt,
     TrustOpt,
+    emit,
     emit_json,
     load,
     parse_int_list,
@@ -25,7 +26,6 @@ from sinklab.commands.common import (
     print_table,
     progress,
     split_list,
-    stderr,
 )
 
 COMMAND = "claims"
@@ -193,7 +193,7 @@ def claims(
         return
     _print_table(data)
     if out is not None:
-        stderr.print(f"wrote {out}/claims.json and claims_effects.png")
+        emit(f"wrote {out}/claims.json and claims_effects.png")
 
 
 def _claims_across(
@@ -242,10 +242,9 @@ def _claims_across(
         emit_json(data)
         return
     _print_across(table, names, [d["meta"]["seconds"] for _, d in runs])
-    for line in differences(table, names):
-        stderr.print(line)
+    emit(*differences(table, names))
     if out is not None:
-        stderr.print(f"wrote {out}/claims.json and claims_models.png")
+        emit(f"wrote {out}/claims.json and claims_models.png")
 
 
 def _print_across(
@@ -272,18 +271,18 @@ def _cache_command(clear: bool, fmt: OutputFormat) -> None:
         if fmt is OutputFormat.json:
             emit_json({"cache": str(folder), "removed": n})
         else:
-            print(f"removed {n} cached lab run(s) from {folder}")
+            emit(f"removed {n} cached lab run(s) from {folder}")
         return
     rows = cache_listing()
     if fmt is OutputFormat.json:
         emit_json({"cache": str(folder), "runs": rows})
         return
-    print(
+    emit(
         f"lab run cache: {folder} ({len(rows)} run(s); sinklab claims --clear-lab-cache empties it)"
     )
     for r in rows:
         state = {True: "converged", False: "not converged", None: "-"}[r.get("converged")]
-        print(f"  {r['key']}  {r.get('run', 'unreadable')}  {state if r['readable'] else ''}")
+        emit(f"  {r['key']}  {r.get('run', 'unreadable')}  {state if r['readable'] else ''}")
 
 
 def _print_table(data: dict, console: Any = None) -> None:

@@ -142,7 +142,19 @@ PrependOpt = Annotated[
 NSinkOpt = Annotated[int, typer.Option("--n-sink", help="Sink positions kept (StreamingLLM: 4).")]
 WindowOpt = Annotated[int, typer.Option("--window", help="Most recent positions kept.")]
 
+#: progress, status and logs (the one output convention: docs in README.md#commands)
 stderr = Console(stderr=True)
+#: the human-readable result; ``--format json`` writes only :func:`emit_json` there
+stdout = Console()
+
+
+def emit(*lines: str, markup: bool = False) -> None:
+    """The human-readable result on stdout, one line each (empty ones skipped), never wrapped
+    by sinklab (a pipe gets whole lines; a terminal wraps them itself). ``markup``: rich's
+    ``[bold]`` tags in the lines are styles, else printed as written."""
+    for line in lines:
+        if line:
+            stdout.print(line, markup=markup, highlight=False, soft_wrap=True)
 
 
 def plain_table(title: str | None = None, *, show_header: bool = True) -> Any:

@@ -13,10 +13,10 @@ from sinklab.commands.common import (
     FormatOpt,
     OutputFormat,
     SeedOpt,
+    emit,
     emit_json,
     parse_int_list,
     progress,
-    stderr,
 )
 from sinklab.lab.limits import MAX_BISECTIONS, MAX_DIM, MAX_STEPS
 
@@ -84,9 +84,7 @@ def cost(
     if fmt is OutputFormat.json:
         emit_json(result.to_json())
         return
-    for line in result.summary_lines():
-        stderr.print(line, highlight=False)
-    stderr.print(f"wrote {out}/cost.json, cost_loglog.png")
+    emit(*result.summary_lines(), f"wrote {out}/cost.json, cost_loglog.png")
 
 
 def register(app: typer.Typer) -> None:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import typer
-from rich.console import Console
 
 from sinklab.commands.common import (
     DeviceOpt,
@@ -17,6 +16,7 @@ from sinklab.commands.common import (
     load,
     plain_table,
     stderr,
+    stdout,
 )
 from sinklab.corpus import count_tokens, load_text
 
@@ -48,7 +48,7 @@ def info(
         table.add_row(key, str(value))
     for key, value in data["text"].items():
         table.add_row(f"text.{key}", str(value))
-    Console().print(table)  # a width's worth: a path folds rather than widening the table
+    stdout.print(table)  # a width's worth: a path folds rather than widening the table
 
 
 def register(app: typer.Typer) -> None:

@@ -9,6 +9,7 @@ import typer
 from sinklab.commands.common import (
     FormatOpt,
     OutputFormat,
+    emit,
     emit_json,
     plain_table,
     print_table,
@@ -64,13 +65,13 @@ def models(ctx: typer.Context, fmt: FormatOpt = OutputFormat.text) -> None:
             _yes(row["installed"]),
             _yes(row["cached"]),
         )
-    out = print_table(table)
+    print_table(table)
     for row in rows:
         if not row["open_license"]:
-            out.print(f"{row['name']}: {_license(row['name'], row['license_file'])}")
+            emit(f"{row['name']}: {_license(row['name'], row['license_file'])}")
     missing = [r["name"] for r in rows if not r["installed"]]
     if missing:
-        out.print(f"install with: sinklab models install {' '.join(missing)}")
+        emit(f"install with: sinklab models install {' '.join(missing)}")
 
 
 @models_app.command("install")
@@ -98,10 +99,10 @@ def install(
         state += (
             " (converted from the GGUF already here)" if done.converted and not done.fetched else ""
         )
-        print(f"{model.name}: {state} (float32 copy: {done.folder})")
+        emit(f"{model.name}: {state} (float32 copy: {done.folder})")
         if not model.open_license:
             text = done.license_file if done.license_file and done.license_file.is_file() else None
-            print(f"{model.name}: {_license(model.name, text)}")
+            emit(f"{model.name}: {_license(model.name, text)}")
 
 
 def register(app: typer.Typer) -> None:

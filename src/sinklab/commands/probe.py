@@ -20,6 +20,7 @@ from sinklab.commands.common import (
     TextOpt,
     TrustOpt,
     check_positions,
+    emit,
     emit_json,
     load,
     parse_float_list,
@@ -201,9 +202,7 @@ def _finish(
     if fmt is OutputFormat.json:
         emit_json(data)
         return
-    for line in sentences(data):
-        typer.echo(line)
-    typer.echo("wrote " + ", ".join(map(str, written)))
+    emit(*sentences(data), "wrote " + ", ".join(map(str, written)))
 
 
 def register(app: typer.Typer) -> None:

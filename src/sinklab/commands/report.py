@@ -17,6 +17,7 @@ from sinklab.commands.common import (
     PrependOpt,
     TextOpt,
     TrustOpt,
+    emit,
     emit_json,
     load,
     progress,
@@ -124,14 +125,13 @@ def report(
     if not as_text:
         emit_json({"index": str(result.index), **result.data})
         return
-    for sentence in result.data["summary"]:
-        stderr.print(f"  • {sentence}", highlight=False, soft_wrap=True)
     failed = [r for r in result.results if r.status != "ok"]
-    stderr.print(
+    emit(
+        *(f"  • {sentence}" for sentence in result.data["summary"]),
         f"report written in {result.seconds:.0f} s "
-        f"({len(result.results) - len(failed)}/{len(result.results)} stages ok)"
+        f"({len(result.results) - len(failed)}/{len(result.results)} stages ok)",
     )
-    print(result.index)  # stdout: the page's path, for scripts and `make demo`
+    emit(str(result.index))  # the last line: the page's path, for scripts and `make demo`
 
 
 def _report_across(
@@ -187,8 +187,8 @@ def _report_across(
         return
     for name, rep in reports:
         ok = sum(r.status == "ok" for r in rep.results)
-        stderr.print(f"{name}: {ok}/{len(rep.results)} stages ok in {rep.seconds:.0f} s")
-    print(index)
+        emit(f"{name}: {ok}/{len(rep.results)} stages ok in {rep.seconds:.0f} s")
+    emit(str(index))
 
 
 def _model_options(loading: tuple[str, str, bool], prepend: str | None) -> tuple[str, ...]:

@@ -20,11 +20,11 @@ from sinklab.commands.common import (
     TrustOpt,
     WindowOpt,
     check_positions,
+    emit,
     emit_json,
     load,
     progress,
     split_list,
-    stderr,
 )
 from sinklab.errors import SinklabError
 from sinklab.stream.evaluate import POLICIES
@@ -152,10 +152,8 @@ def stream(
     if fmt is OutputFormat.json:
         emit_json(data)
         return
-    for line in [method_line(data), *policy_lines(data), collapse_sentence(data)]:
-        if line:
-            stderr.print(line, highlight=False)
-    stderr.print("wrote " + " and ".join(map(str, written)))
+    emit(method_line(data), *policy_lines(data), collapse_sentence(data))
+    emit("wrote " + " and ".join(map(str, written)))
 
 
 def register(app: typer.Typer) -> None:

@@ -12,10 +12,10 @@ from sinklab.commands.common import (
     FormatOpt,
     OutputFormat,
     SeedOpt,
+    emit,
     emit_json,
     given,
     progress,
-    stderr,
 )
 from sinklab.errors import SinklabError
 from sinklab.lab.limits import MAX_BATCH, MAX_SEQ_LEN, MAX_STEP_TOKENS, MAX_TRAIN_STEPS
@@ -163,8 +163,7 @@ def train(
             if fmt is OutputFormat.json:
                 emit_json({"out": str(out), "rows": result.rows})
             else:
-                stderr.print(result.table())
-                stderr.print(f"wrote {out}/sweep.json, sweep.md, {result.figure_name}")
+                emit(result.table(), f"wrote {out}/sweep.json, sweep.md, {result.figure_name}")
             return
         if nproc > 1:  # no per-step progress from the worker processes
             with output_dir(out, "train") as folder:
@@ -176,9 +175,7 @@ def train(
     if fmt is OutputFormat.json:
         emit_json({"out": str(out), "val": run.val, "last": run.checkpoints[-1]})
         return
-    for line in train_sentences(run.to_json()):
-        stderr.print(line)
-    stderr.print(f"wrote {out}/train.json")
+    emit(*train_sentences(run.to_json()), f"wrote {out}/train.json")
 
 
 def register(app: typer.Typer) -> None:
