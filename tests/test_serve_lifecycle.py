@@ -91,7 +91,7 @@ def test_the_least_recently_used_idle_session_is_evicted_and_comes_back(
     assert set(rows) == {"a", "b", "c"} and rows["b"]["in_memory"] is False
     assert rows["b"]["turns"] == 1 and rows["a"]["turns"] == 2
     # naming b loads it back from disk (evicting a, now the least recent), with its history
-    session, events = _turn(engine, "k", "b", _user(TURNS[3]))
+    session, _events = _turn(engine, "k", "b", _user(TURNS[3]))
     assert session.chat.turns == 2 and session.chat.messages[0]["content"] == TURNS[0]
     assert set(engine.sessions) == {("k", "b"), ("k", "c")}
     # an evicted session's files go at its TTL
@@ -103,13 +103,13 @@ def test_the_least_recently_used_idle_session_is_evicted_and_comes_back(
 def test_429_only_when_every_slot_is_busy_now(model, chat_tokenizer):
     engine = _engine(model, chat_tokenizer, max_sessions=2)
     first, *_ = engine.registry.acquire("k", None, _user("one"))
-    second, *_ = engine.registry.acquire("k", None, _user("two"))
+    _second, *_ = engine.registry.acquire("k", None, _user("two"))
     with pytest.raises(ApiError) as err:
         engine.registry.acquire("k", None, _user("three"))
     assert err.value.status == 429 and "answering a turn now" in err.value.message
     assert err.value.headers["Retry-After"] == "1"
     engine.registry.release(first, False)  # idle now: its slot can be taken
-    third, _, created = engine.registry.acquire("k", None, _user("three"))
+    _third, _, created = engine.registry.acquire("k", None, _user("three"))
     assert created and ("k", first.id) not in engine.sessions
 
 
