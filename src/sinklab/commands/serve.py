@@ -62,6 +62,17 @@ def serve(
         str | None,
         typer.Option("--metrics-key", help="A key that sees per-key series in /metrics."),
     ] = None,
+    header_timeout: Annotated[
+        float,
+        typer.Option("--header-timeout", help="Seconds a request's headers, then body, may take."),
+    ] = 10.0,
+    idle_timeout: Annotated[
+        float, typer.Option("--idle-timeout", help="Seconds an idle kept-alive connection stays.")
+    ] = 5.0,
+    max_connections: Annotated[
+        int,
+        typer.Option("--max-connections-per-client", help="Open connections per client address."),
+    ] = 64,
     trust_remote_code: TrustOpt = False,
     dtype: DtypeOpt = "float32",
     device: DeviceOpt = "cpu",
@@ -99,6 +110,9 @@ def serve(
         max_requests_per_key=max_requests_per_key,
         max_saved_sessions=max_saved_sessions,
         metrics_key=metrics_key,
+        header_timeout_s=header_timeout,
+        idle_timeout_s=idle_timeout,
+        max_connections_per_client=max_connections,
     )
     folder = config.sessions_dir
     if folder is not None and folder.exists() and not folder.is_dir():

@@ -72,15 +72,26 @@ class Server:
             413,
             f"the request body is over {limit} bytes; send only the new message with a session_id",
             code="request_too_large",
+            headers={"Connection": "close"},  # the rest of the body is drained, then closed
         )
         length = request.headers.get("content-length")
         if length is not None and (not length.isdigit() or int(length) > limit):
             raise too_big
         data = bytearray()
-        async for part in request.stream():
-            data += part
-            if len(data) > limit:
-                raise too_big
+        seconds = self.config.header_timeout_s
+        try:  # a body trickled in past the deadline holds no connection
+            async with asyncio.timeout(seconds):
+                async for part in request.stream():
+                    data += part
+                    if len(data) > limit:
+                        raise too_big
+        except TimeoutError:
+            raise ApiError(
+                408,
+                f"the request body did not arrive within {seconds:g} s",
+                code="request_timeout",
+                headers={"Connection": "close"},
+            ) from None
         return bytes(data)
 
     def owned(self, tenant: str, sid: str) -> Session:
@@ -205,6 +216,7 @@ class Server:
                     return
         finally:
             if not over:  # the client went away before the whole reply: the turn is dropped
+                self.log(f"session {sid}: client gone mid-reply; the turn was not applied")
                 job.cancelled.set()
                 if job.final is not None:
                     self.engine.abort(job)

@@ -77,7 +77,8 @@ class ServeConfig:
             "max_connections_per_client",
         ):
             if getattr(self, name) < 1:
-                raise SinklabError(f"--{name.replace('_', '-')} must be a positive integer")
+                flag = "prefill_chunk" if name == "prompt_chunk" else name
+                raise SinklabError(f"--{flag.replace('_', '-')} must be a positive integer")
         for name in ("max_body_bytes", "max_messages", "max_tokens_limit", "default_max_tokens"):
             if getattr(self, name) < 1:
                 raise SinklabError(f"{name} must be a positive integer")
