@@ -200,9 +200,18 @@ def test_the_sessions_folder_is_sinklabs_own(chat_dir, tmp_path, capsys):
     finally:
         server.stop()
     (folder / "config.json").write_text('{"mine": true}')
-    again = Served(*_args(chat_dir, folder))
+    again = Served(*_args(chat_dir, folder, "--metrics-key", "watcher"))
     try:
         assert "session file config.json refused" in again.log
+        with httpx.Client(timeout=60) as http:
+            url = again.base + "/chat/completions"
+            assert http.post(url, json=_body(str(chat_dir), "hi"), headers=_auth("key-b"))
+            plain = http.get(again.url + "/metrics", headers=_auth("key-a")).text
+            per_key = http.get(again.url + "/metrics", headers=_auth("watcher")).text
+            assert http.get(again.url + "/metrics").status_code == 401
+        assert "tenant=" not in plain and "sinklab_sessions 1" in plain
+        tenant = server_tenant("key-b")
+        assert f'sinklab_key_sessions{{tenant="{tenant}"}} 1' in per_key
     finally:
         again.stop()
     assert (folder / "config.json").read_text() == '{"mine": true}'

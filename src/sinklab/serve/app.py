@@ -144,7 +144,7 @@ class Server:
             time.monotonic() + cfg.request_timeout_s,
             lambda ev: loop.call_soon_threadsafe(events.put_nowait, ev),
             created=created,
-            deferred=req.stream,
+            deferred=True,  # applied once the client can have it (see _whole, _stream)
         )
         try:
             self.engine.submit(job)
@@ -157,18 +157,35 @@ class Server:
                 media_type="text/event-stream",
                 headers={"Cache-Control": "no-cache"},
             )
-        return await self._whole(job, events)
+        return await self._whole(request, job, events)
 
-    async def _whole(self, job: Job, events: asyncio.Queue) -> Response:
+    async def _whole(self, request: Request, job: Job, events: asyncio.Queue) -> Response:
+        """The reply as one response; a client gone while it is made (checked every second)
+        drops the turn, and the turn is applied just before the response goes out."""
         cid, text = completion_id(), []
         try:
             while True:
-                kind, value = await events.get()
+                try:
+                    kind, value = await asyncio.wait_for(events.get(), timeout=1.0)
+                except TimeoutError:
+                    if await request.is_disconnected():
+                        self.log(f"session {job.session.id}: client gone; the turn was not applied")
+                        job.cancelled.set()
+                        asyncio.get_running_loop().create_task(self._drain(job, events))
+                        return Response(status_code=499)
+                    continue
                 if kind == "text":
                     text.append(value)
                 elif kind == "error":
                     return _error(value)
                 else:
+                    if await request.is_disconnected():
+                        self.log(f"session {job.session.id}: client gone; the turn was not applied")
+                        self.engine.abort(job)
+                        return Response(status_code=499)
+                    error = await asyncio.to_thread(self.engine.commit, job)
+                    if error is not None:
+                        return _error(error)
                     extra = {"session_id": job.session.id, "session": value["session"]}
                     body = completion(
                         cid,
@@ -181,6 +198,10 @@ class Server:
                     return JSONResponse(body)
         except asyncio.CancelledError:  # the client went away: the turn is dropped
             job.cancelled.set()
+            if job.final is not None:
+                self.engine.abort(job)
+            else:
+                asyncio.get_running_loop().create_task(self._drain(job, events))
             raise
 
     async def _stream(
