@@ -335,7 +335,7 @@ def soak(args: argparse.Namespace, texts: list[str]) -> dict:
 
 def fairness(args: argparse.Namespace, texts: list[str]) -> dict:
     """7 chatting clients, then one long prompt: the chatters' token gaps while it is read."""
-    server = Server([*args.server_args, "--max-batch", "8", "--max-tokens", "64"])
+    server = Server([*args.server_args, "--max-batch", "8", "--request-timeout", "1800"])
     model = httpx.get(server.url + "/v1/models", timeout=30).json()["data"][0]["id"]
     stamps: list[tuple[float, float]] = []  # (end of a gap, gap) of the chatters' tokens
     lock, stop = threading.Lock(), threading.Event()

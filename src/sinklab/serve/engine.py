@@ -96,6 +96,10 @@ class Engine:
         self.batch = StreamBatch(model, self.cache_config)
         self.active: list[Job] = []  # decoding
         self.reading: list[Job] = []  # their turn's text still being read
+        # the turns being read, by the admission they came in: each group's cache lives across
+        # steps (a state is copied out only when a turn is read to its end)
+        self.groups: list[tuple[SinkCache, list[Job]]] = []
+        self._joining: list[Job] = []
         self._stop = threading.Event()
         self.thread = threading.Thread(target=self._run, name="sinklab-engine", daemon=True)
 
@@ -164,6 +168,8 @@ class Engine:
                     self._fail(job, ApiError(500, "the server failed to decode", "server_error"))
                 self.active.clear()
                 self.reading.clear()
+                self.groups.clear()
+                self._joining.clear()
                 self.batch = StreamBatch(self.model, self.cache_config)
             self.metrics.set_batch(len(self.active))
 
@@ -209,38 +215,71 @@ class Engine:
             return
         job.reading, job.left, job.partial = (messages, full, len(ids)), ids, job.session.state
         self.reading.append(job)
+        self._joining.append(job)
 
     @torch.inference_mode()
     def _read_step(self) -> None:
-        """Read the next piece of every turn being read, in one left-padded forward
-        (:func:`~sinklab.stream.generation.read_rows`: each row as ``sinklab chat`` reads it
-        alone, piece for piece); a turn read to its end samples its first token and joins the
-        decode batch, or is over."""
-        rows = list(self.reading)
+        """Read the next piece of every turn being read: one left-padded forward per group of
+        turns admitted together (:func:`~sinklab.stream.generation.read_rows`: each row as
+        ``sinklab chat`` reads it alone, piece for piece); a turn read to its end samples its
+        first token and joins the decode batch, or is over."""
+        if self._joining:
+            jobs, self._joining = self._joining, []
+            try:
+                self.groups.append(
+                    (SinkCache.from_state(self.model, [j.partial for j in jobs]), jobs)
+                )
+            except Exception as err:
+                for job in jobs:
+                    self.reading.remove(job)
+                    self._prefill_failed(job, err)
+        for group in list(self.groups):
+            self._read_group(group)
+
+    def _read_group(self, group: tuple[SinkCache, list[Job]]) -> None:
+        cache, rows = group
         try:
-            cache = SinkCache.from_state(self.model, [job.partial for job in rows])
             piece = _piece(cache, self.config.prompt_chunk, True)
-            parts = [job.left[:piece] for job in rows]
-            read = read_rows(self.model, cache, parts, piece, fit=True)
+            read = read_rows(self.model, cache, [job.left[:piece] for job in rows], piece, fit=True)
         except Exception as err:
+            self.groups.remove(group)
             for job in rows:
                 self.reading.remove(job)
                 self._prefill_failed(job, err)
             return
         self.metrics.set_prefill(len(rows))
+        done: list[tuple[Job, torch.Tensor, StreamState]] = []
         for b, job in enumerate(rows):
+            job.left = job.left[piece:]
+            top, most = job.seen
+            job.seen = (max(top, read.top_position[b]), max(most, read.most_kept[b]))
+            if not job.left:
+                try:
+                    done.append((job, read.logits[b], cache.state(b)))
+                except Exception as err:
+                    done.append((job, read.logits[b], None))  # type: ignore[arg-type]
+                    self.log(f"session {job.session.id}: state not taken: {err}")
+        if done:
+            self._drop_rows(group, [job for job, *_ in done])
+        for job, logits, state in done:
+            self.reading.remove(job)
             try:  # one turn's failure here is that turn's: the others read with it go on
-                job.left = job.left[piece:]
-                job.partial = cache.state(b)
-                top, most = job.seen
-                job.seen = (max(top, read.top_position[b]), max(most, read.most_kept[b]))
-                if not job.left:
-                    self.reading.remove(job)
-                    self._opened(job, read.logits[b])
+                if state is None:
+                    raise SinklabError("the turn's cache state could not be taken")
+                job.partial = state
+                self._opened(job, logits)
             except Exception as err:
-                if job in self.reading:
-                    self.reading.remove(job)
                 self._prefill_failed(job, err)
+
+    def _drop_rows(self, group: tuple[SinkCache, list[Job]], gone: list[Job]) -> None:
+        """Take ``gone`` out of their reading group (the others' rows stay as they are)."""
+        cache, rows = group
+        keep = [b for b, job in enumerate(rows) if job not in gone]
+        if not keep:
+            self.groups.remove(group)
+            return
+        cache.keep_streams(keep)
+        rows[:] = [rows[b] for b in keep]
 
     def _opened(self, job: Job, logits: torch.Tensor) -> None:
         """Turn ``job`` is read (``logits``: of its last token): sample its first token; it is
@@ -316,6 +355,11 @@ class Engine:
             if job.cancelled.is_set() or now > job.deadline:
                 if job in self.reading:
                     self.reading.remove(job)
+                    if job in self._joining:
+                        self._joining.remove(job)
+                    for group in list(self.groups):
+                        if job in group[1]:
+                            self._drop_rows(group, [job])
                 else:
                     self._leave(job)
                 self._fail(job, None if job.cancelled.is_set() else _timeout())
