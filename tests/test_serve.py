@@ -1,8 +1,9 @@
 """``sinklab serve`` end to end, on a tiny chat model served on a free 127.0.0.1 port: the official
 ``openai`` client (plain and streamed completions, sessions, the whole-``messages`` prefix reuse,
 ``/v1/models``); the replies equal ``sinklab chat``'s for the same turns, alone and with several
-sessions decoded in one batch; ``httpx`` for the refusals (401, 404 across keys, 413, 429, bad
-JSON and values, OpenAI-style bodies, no traceback); ``/metrics``; ``sinklab chat --server``; the
+sessions decoded in one batch; ``httpx`` for the refusals (401, 404 across keys, 413, bad JSON and
+values, OpenAI-style bodies, no traceback; new sessions past ``--max-sessions`` evict the least
+recently used idle one instead of a 429); ``/metrics``; ``sinklab chat --server``; the
 bind rule. Crash, corrupt files and a full disk are in tests/test_serve_faults.py."""
 
 from __future__ import annotations
