@@ -11,6 +11,16 @@ rounds are quoted.
 Soak: one session for --soak-turns turns on a fresh server: the latency of each turn and the
 server's RSS (from /metrics) every 10 turns; first vs last 100 turns.
 
+Fairness (--fairness-tokens T): 7 clients chatting (sessions, as above) and, once they are
+under way, an 8th sends one prompt of about T tokens (default 12,000): the p95 gap between the
+chatters' tokens while that prompt is read (its send to its first token), goal <= 2 s, with
+``--prefill-chunk`` tokens read per engine step.
+
+Churn (--churn N): N one-shot conversations (no session_id, one user message each, 4 clients at
+once) on a server with --sessions: how many were refused (goal: none), the server's RSS every
+100 and the sessions folder's files and bytes at the end (bounded by --max-sessions and
+--max-saved-sessions, however many conversations came).
+
 Side by side (--llama-python PY): llama.cpp's OpenAI server (``llama_cpp.server`` of
 llama-cpp-python, installed in a separate benchmark venv, never a dependency of sinklab) on the same
 SmolLM2 GGUF, under the same clients, alternating with sinklab within each round (--llama-clients
@@ -22,6 +32,7 @@ one in flight) and reuses the KV of the previous prompt's common prefix.
 
 Usage: python benchmarks/serve_load.py [--clients 1,4,8,16] [--turns 20] [--max-tokens 16]
        [--rounds 1] [--soak-turns 0] [--budget-s 900] [--out FILE.json]
+       [--fairness-tokens 12000] [--churn 1000] (--clients '' for these arms alone)
        [--llama-python /path/venv/bin/python --llama-clients 1,8]
 """
 
@@ -322,6 +333,108 @@ def soak(args: argparse.Namespace, texts: list[str]) -> dict:
     }
 
 
+def fairness(args: argparse.Namespace, texts: list[str]) -> dict:
+    """7 chatting clients, then one long prompt: the chatters' token gaps while it is read."""
+    server = Server([*args.server_args, "--max-batch", "8", "--request-timeout", "1800"])
+    model = httpx.get(server.url + "/v1/models", timeout=30).json()["data"][0]["id"]
+    stamps: list[tuple[float, float]] = []  # (end of a gap, gap) of the chatters' tokens
+    lock, stop = threading.Lock(), threading.Event()
+    window: list[float] = []
+
+    def chatter(i: int) -> None:
+        with httpx.Client(timeout=600) as http:
+            for k in range(1000):
+                if stop.is_set():
+                    return
+                msg = [{"role": "user", "content": texts[(i * 7 + k) % len(texts)]}]
+                t0 = time.perf_counter()
+                r = turn(http, server.url, model, f"f{i}", msg, 24)
+                end = t0 + r["seconds"]
+                with lock:  # the gaps' end times, counted back from the last token
+                    for g in reversed(r["gaps"]):
+                        stamps.append((end, g))
+                        end -= g
+
+    threads = [threading.Thread(target=chatter, args=(i,)) for i in range(7)]
+    for t in threads:
+        t.start()
+    time.sleep(10)
+    long_text, n = [], 0
+    for line in itertools.cycle(texts):
+        long_text.append(line)
+        n += len(line) // 4  # about 4 characters a token in these plays
+        if n >= args.fairness_tokens:
+            break
+    msg = [{"role": "user", "content": "\n".join(long_text)}]
+    with httpx.Client(timeout=900) as http:
+        t0 = time.perf_counter()
+        r = turn(http, server.url, model, "long", msg, 4)
+        window = [t0, t0 + (r["ttft"] or r["seconds"])]
+        prompt_tokens = http.get(server.url + "/v1/sessions/long", timeout=30).json()
+    stop.set()
+    for t in threads:
+        t.join(600)
+    server.stop()
+    during = [g for end, g in stamps if window[0] <= end <= window[1]]
+    return {
+        "chatters": 7,
+        "long_prompt_tokens_seen": prompt_tokens.get("tokens_seen"),
+        "long_prompt_ttft_s": round(window[1] - window[0], 3),
+        "gaps_during_long_read": len(during),
+        "token_latency_p50_s_during": pct(during, 0.5),
+        "token_latency_p95_s_during": pct(during, 0.95),
+        "token_latency_max_s_during": max(during, default=None),
+        "goal_p95_s": 2.0,
+    }
+
+
+def churn(args: argparse.Namespace, texts: list[str]) -> dict:
+    """N one-shot conversations on a server with --sessions: refusals, RSS, the folder."""
+    import tempfile
+
+    folder = Path(tempfile.mkdtemp(prefix="sinklab-churn-")) / "sessions"
+    server = Server([*args.server_args, "--sessions", str(folder), "--max-batch", "4"])
+    model = httpx.get(server.url + "/v1/models", timeout=30).json()["data"][0]["id"]
+    refused: list[int] = []
+    rss: list[list[float]] = []
+    counter = itertools.count()
+    lock = threading.Lock()
+
+    def client() -> None:
+        with httpx.Client(timeout=300) as http:
+            while (k := next(counter)) < args.churn:
+                msg = [{"role": "user", "content": texts[k % len(texts)]}]
+                body = {"model": model, "max_tokens": 2, "temperature": 0, "messages": msg}
+                resp = http.post(server.url + "/v1/chat/completions", json=body)
+                with lock:
+                    if resp.status_code != 200:
+                        refused.append(resp.status_code)
+                    if k % 100 == 0:
+                        rss.append([k, round(server.metric("sinklab_rss_bytes") / 2**20, 1)])
+
+    t0 = time.perf_counter()
+    threads = [threading.Thread(target=client) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    wall = time.perf_counter() - t0
+    files = [p for p in folder.iterdir() if p.is_file()]
+    with httpx.Client(timeout=30) as http:
+        listed = len(http.get(server.url + "/v1/sessions").json()["data"])
+    server.stop()
+    return {
+        "conversations": args.churn,
+        "refused": len(refused),
+        "refused_statuses": sorted(set(refused)),
+        "wall_s": round(wall, 2),
+        "rss_mb_every_100": rss,
+        "sessions_listed_at_end": listed,
+        "folder_files_at_end": len(files),
+        "folder_mb_at_end": round(sum(p.stat().st_size for p in files) / 2**20, 2),
+    }
+
+
 def summarise(rounds: list[list[dict]], plan: list[tuple[str, int]]) -> dict[str, dict]:
     """Medians over rounds per arm (``"N"`` for sinklab, ``"llama.cpp/N"``), sinklab's speed-up
     over one client, and sinklab's tokens/s over llama.cpp's at the same N. An arm that produced
@@ -366,6 +479,8 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--llama-threads", type=int, default=2)
     p.add_argument("--llama-ctx", type=int, default=1024)
     p.add_argument("--llama-history-chars", type=int, default=900)
+    p.add_argument("--fairness-tokens", type=int, default=0, help="0: no fairness arm")
+    p.add_argument("--churn", type=int, default=0, help="one-shot conversations; 0: no arm")
     p.add_argument("--out", type=Path, default=None)
     args = p.parse_args(argv)
     args.server_args = ["--n-sink", str(args.n_sink), "--window", str(args.window)]
@@ -407,6 +522,8 @@ def main(argv: list[str] | None = None) -> dict:
         "arms": arms,
         "rounds": rounds,
         "soak": soak(args, texts) if args.soak_turns else None,
+        "fairness": fairness(args, texts) if args.fairness_tokens else None,
+        "churn": churn(args, texts) if args.churn else None,
         "nproc": os.cpu_count(),
         "load_average_at_end": list(os.getloadavg()),
         "versions": versions(),

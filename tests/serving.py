@@ -18,10 +18,10 @@ _LISTENING = re.compile(r"listening on (http://127\.0\.0\.1:\d+)/v1")
 class Served:
     """``sinklab serve ARGS --port 0`` until :meth:`stop` or :meth:`kill`."""
 
-    def __init__(self, *args: str, timeout: float = 180.0) -> None:
+    def __init__(self, *args: str, timeout: float = 180.0, prefix: tuple[str, ...] = ()) -> None:
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "sinklab.cli", "serve", *args, "--port", "0"],
+            [*prefix, sys.executable, "-m", "sinklab.cli", "serve", *args, "--port", "0"],
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,

@@ -29,7 +29,7 @@ def _engine(model, chat_tokenizer) -> Engine:
 
 def _turn(engine: Engine, sid: str, new, max_tokens: int, stops: list[str] | None = None):
     """One turn of session ``sid`` through the engine's prefill and decode steps -> its events."""
-    session = engine.sessions.setdefault(sid, engine.new_session(sid, "t"))
+    session = engine.sessions.setdefault(("t", sid), engine.new_session(sid, "t"))
     events: list[tuple[str, object]] = []
     job = Job(session, new, max_tokens, 0.0, None, stops or [], float("inf"), events.append)
     engine._prefill([job])
@@ -52,14 +52,14 @@ def test_a_reply_cut_at_max_tokens_is_read_once(model, chat_tokenizer):
     finally:
         hook.remove()
     assert [d["finish_reason"] for d in dones] == ["length", "length"]
-    chat = engine.sessions["s"].chat
+    chat = engine.sessions[("t", "s")].chat
     local = ChatSession(model, chat_tokenizer, ChatConfig(N_SINK, WINDOW, max_new_tokens=3))
     assert [d["reply"] for d in dones] == [local.turn(t).reply for t in TURNS[:2]]
     assert chat.read_text == local.read_text and chat.pending == local.pending
     full = chat_tokenizer.apply_chat_template(chat.messages, tokenize=False)
     want = chat_tokenizer(full, add_special_tokens=False).input_ids
     assert read + chat.pending == want[:-1]  # all but the closing "</s>", each once
-    assert engine.sessions["s"].state.seen == len(read)
+    assert engine.sessions[("t", "s")].state.seen == len(read)
 
 
 def test_a_reply_cut_at_a_stop_string_is_kept_as_the_client_got_it(model, chat_tokenizer):
@@ -78,7 +78,7 @@ def test_a_reply_cut_at_a_stop_string_is_kept_as_the_client_got_it(model, chat_t
         stopped = _turn(engine, "t", [{"role": "user", "content": TURNS[0]}], 6, [words[2]])
         done = stopped[-1][1]
         assert done["finish_reason"] == "stop" and done["reply"].split() == words[:2]
-        chat = engine.sessions["t"].chat
+        chat = engine.sessions[("t", "t")].chat
         assert chat.messages[-1] == {"role": "assistant", "content": done["reply"]}
         assert chat.pending == []
         client = [*chat.messages, {"role": "user", "content": TURNS[1]}]  # the client's list
@@ -155,12 +155,11 @@ def test_turns_waiting_together_are_read_in_one_prefill(model, chat_tokenizer):
     together = _engine(model, chat_tokenizer)
     events = {sid: [] for sid in ("a", "b", "c")}
     for sid, text in zip(events, TURNS, strict=False):
-        session = together.sessions.setdefault(sid, together.new_session(sid, "t"))
+        session = together.sessions.setdefault(("t", sid), together.new_session(sid, "t"))
         new = [{"role": "user", "content": text}]
         together.queue.put(Job(session, new, 4, 0.0, None, [], float("inf"), events[sid].append))
-    together._admit()
-    while together.active:
-        together._step()
+    while together.queue.qsize() or together.busy():
+        together.step()
     assert together.metrics.prefill_peak == 3
     for sid, text in zip(events, TURNS, strict=False):
         alone = _turn(_engine(model, chat_tokenizer), sid, [{"role": "user", "content": text}], 4)
@@ -173,21 +172,20 @@ def test_one_turn_failing_after_the_shared_read_fails_alone(model, chat_tokenize
     engine = _engine(model, chat_tokenizer)
     events = {sid: [] for sid in ("ok", "bad")}
     for sid, text in zip(events, TURNS, strict=False):
-        session = engine.sessions.setdefault(sid, engine.new_session(sid, "t"))
+        session = engine.sessions.setdefault(("t", sid), engine.new_session(sid, "t"))
         new = [{"role": "user", "content": text}]
         engine.queue.put(Job(session, new, 3, 0.0, None, [], float("inf"), events[sid].append))
-    bad = engine.sessions["bad"].chat
+    bad = engine.sessions[("t", "bad")].chat
     before = bad.record()
 
     def broken(logits, temperature=None):
         raise RuntimeError("sampling broke")
 
     bad.sample = broken
-    engine._admit()
-    while engine.active:
-        engine._step()
+    while engine.queue.qsize() or engine.busy():
+        engine.step()
     assert engine.metrics.prefill_peak == 2
     assert events["ok"][-1][0] == "done"
     kind, error = events["bad"][-1]
     assert kind == "error" and error.status == 500 and "failed to read" in error.message
-    assert bad.record() == before and engine.sessions["bad"].state.seen == 0
+    assert bad.record() == before and engine.sessions[("t", "bad")].state.seen == 0

@@ -50,6 +50,11 @@ def _chat(loaded, max_new_tokens: int = MAX_TOKENS) -> ChatSession:
     return ChatSession(loaded.model, loaded.tokenizer, cfg)
 
 
+def _file(sid: str, suffix: str = ".json") -> str:
+    """The name sinklab gives session ``sid``'s file (tenant ``tenant``: the tests' sessions)."""
+    return SessionStore.stem("tenant", sid) + suffix
+
+
 def _stored(loaded, turns: int) -> tuple[ChatSession, Session]:
     chat = _chat(loaded)
     for text in TURNS[:turns]:
@@ -75,24 +80,23 @@ def test_broken_session_files_are_refused_one_by_one(loaded, tmp_path):
     _, session = _stored(loaded, 2)
     store = SessionStore(tmp_path, IDENTITY, print)
     store.save(session, session.state)
-    good = json.loads((tmp_path / "dana.json").read_text())
+    good = json.loads((tmp_path / _file("dana")).read_text())
     tensors = tmp_path / good["tensors"]
     (tmp_path / "junk.json").write_text("{ not json")
-    (tmp_path / "half.json").write_text((tmp_path / "dana.json").read_text()[:100])
-    shutil.copy(tensors, tmp_path / "cut.2.safetensors")
-    with open(tmp_path / "cut.2.safetensors", "r+b") as f:
+    (tmp_path / "half.json").write_text((tmp_path / _file("dana")).read_text()[:100])
+    cut = _file("cut", ".2.safetensors")
+    shutil.copy(tensors, tmp_path / cut)
+    with open(tmp_path / cut, "r+b") as f:
         f.truncate(tensors.stat().st_size // 2)
-    (tmp_path / "cut.json").write_text(
-        json.dumps({**good, "id": "cut", "tensors": "cut.2.safetensors"})
-    )
-    (tmp_path / "old.json").write_text(
+    (tmp_path / _file("cut")).write_text(json.dumps({**good, "id": "cut", "tensors": cut}))
+    (tmp_path / _file("old")).write_text(
         json.dumps({**good, "id": "old", "server": {**IDENTITY, "window": 9}})
     )
     logs: list[str] = []
     back = SessionStore(tmp_path, IDENTITY, logs.append).load_all(lambda: _chat(loaded))
     assert [s.id for s in back] == ["dana"]
     refused = sorted(line.split()[2] for line in logs)
-    assert refused == ["cut.json", "half.json", "junk.json", "old.json"], logs
+    assert refused == sorted([_file("cut"), "half.json", "junk.json", _file("old")]), logs
     assert any("sha256" in line for line in logs) and any("stale" in line for line in logs)
 
 
@@ -110,10 +114,10 @@ def _load_within(store: SessionStore, loaded, seconds: float = 60) -> list[Sessi
 def _resaved(folder: Path, good: dict, sid: str, tensors: dict[str, torch.Tensor]) -> None:
     """A session ``sid`` like ``good`` but with ``tensors`` (a consistent sha256)."""
     data = save_tensors(tensors)
-    name = f"{sid}.2.safetensors"
+    name = _file(sid, ".2.safetensors")
     (folder / name).write_bytes(data)
     record = {**good, "id": sid, "tensors": name, "sha256": hashlib.sha256(data).hexdigest()}
-    (folder / f"{sid}.json").write_text(json.dumps(record))
+    (folder / _file(sid)).write_text(json.dumps(record))
 
 
 def test_a_fifo_and_deeply_nested_json_are_refused_one_line_each(loaded, tmp_path):
@@ -134,24 +138,24 @@ def test_a_tensors_name_leaving_the_folder_is_refused(loaded, tmp_path):
     folder = tmp_path / "sessions"
     _, session = _stored(loaded, 2)
     SessionStore(folder, IDENTITY, print).save(session, session.state)
-    good = json.loads((folder / "dana.json").read_text())
-    # starts with "evil." but leaves the folder; the file there is genuine, its hash matches
+    good = json.loads((folder / _file("dana")).read_text())
+    # starts with evil's stem and a dot but leaves the folder; the file there is genuine
     shutil.copy(folder / good["tensors"], tmp_path / "outside.safetensors")
-    (folder / "evil.").mkdir()
-    (folder / "evil.json").write_text(
-        json.dumps({**good, "id": "evil", "tensors": "evil./../../outside.safetensors"})
+    (folder / _file("evil", ".")).mkdir()
+    (folder / _file("evil")).write_text(
+        json.dumps({**good, "id": "evil", "tensors": _file("evil", "./../../outside.safetensors")})
     )
     logs: list[str] = []
     back = SessionStore(folder, IDENTITY, logs.append).load_all(lambda: _chat(loaded))
     assert [s.id for s in back] == ["dana"]
-    assert len(logs) == 1 and logs[0].split()[2] == "evil.json", logs
+    assert len(logs) == 1 and logs[0].split()[2] == _file("evil"), logs
     assert "does not match the file name" in logs[0]
 
 
 def test_a_session_missing_a_layers_tensor_is_refused_at_start_up(loaded, tmp_path):
     _, session = _stored(loaded, 2)
     SessionStore(tmp_path, IDENTITY, print).save(session, session.state)
-    good = json.loads((tmp_path / "dana.json").read_text())
+    good = json.loads((tmp_path / _file("dana")).read_text())
     tensors = load_tensors((tmp_path / good["tensors"]).read_bytes())
     n_layers = loaded.model.config.num_hidden_layers
     assert n_layers >= 2 and f"{n_layers - 1}.sink_keys" in tensors
@@ -168,10 +172,10 @@ def test_a_session_missing_a_layers_tensor_is_refused_at_start_up(loaded, tmp_pa
     back = SessionStore(tmp_path, IDENTITY, logs.append).load_all(lambda: _chat(loaded))
     assert [s.id for s in back] == ["dana"]
     by_file = {line.split()[2]: line for line in logs}
-    assert sorted(by_file) == ["extra.json", "nokeys.json", "nolayer.json"], logs
-    assert "0.values" in by_file["nokeys.json"]
-    assert f"{last}.keys" in by_file["nolayer.json"]
-    assert f"{n_layers}.keys" in by_file["extra.json"]
+    assert sorted(by_file) == sorted(_file(s) for s in ("extra", "nokeys", "nolayer")), logs
+    assert "0.values" in by_file[_file("nokeys")]
+    assert f"{last}.keys" in by_file[_file("nolayer")]
+    assert f"{n_layers}.keys" in by_file[_file("extra")]
 
 
 def _turn(http: httpx.Client, base: str, model: str, sid: str, text: str) -> httpx.Response:

@@ -37,13 +37,51 @@ def serve(
     request_timeout: Annotated[
         float, typer.Option("--request-timeout", help="Seconds a turn may take.")
     ] = 300.0,
+    session_ttl: Annotated[
+        float,
+        typer.Option("--session-ttl", help="Seconds an idle session is kept (memory and disk)."),
+    ] = 3600.0,
+    prefill_chunk: Annotated[
+        int,
+        typer.Option(
+            "--prefill-chunk",
+            help="Most tokens of a turn read per engine step (between the others' tokens).",
+        ),
+    ] = 128,
+    max_sessions_per_key: Annotated[
+        int, typer.Option("--max-sessions-per-key", help="Most sessions one key holds.")
+    ] = 64,
+    max_requests_per_key: Annotated[
+        int, typer.Option("--max-requests-per-key", help="Most turns of one key in flight.")
+    ] = 16,
+    max_saved_sessions: Annotated[
+        int,
+        typer.Option("--max-saved-sessions", help="Most sessions kept on disk out of memory."),
+    ] = 256,
+    metrics_key: Annotated[
+        str | None,
+        typer.Option("--metrics-key", help="A key that sees per-key series in /metrics."),
+    ] = None,
+    header_timeout: Annotated[
+        float,
+        typer.Option("--header-timeout", help="Seconds a request's headers, then body, may take."),
+    ] = 10.0,
+    idle_timeout: Annotated[
+        float, typer.Option("--idle-timeout", help="Seconds an idle kept-alive connection stays.")
+    ] = 5.0,
+    max_connections: Annotated[
+        int,
+        typer.Option("--max-connections-per-client", help="Open connections per client address."),
+    ] = 64,
     trust_remote_code: TrustOpt = False,
     dtype: DtypeOpt = "float32",
     device: DeviceOpt = "cpu",
 ) -> None:
     """Serve the model with OpenAI's chat-completions API, each conversation a session in a
     sink cache of n_sink + window positions however long it runs. Sessions are saved after each
-    turn under --sessions and continue after a restart. Binds 127.0.0.1 unless told otherwise
+    turn under --sessions (a folder sinklab creates and marks as its own) and continue after a
+    restart; an idle session is removed after --session-ttl, and the least recently used idle
+    one leaves memory when a new one needs its slot. Binds 127.0.0.1 unless told otherwise
     (another address needs --api-key).
 
     Example: sinklab serve --window 252 --sessions ~/.sinklab-sessions
@@ -66,10 +104,23 @@ def serve(
         max_batch=max_batch,
         max_tokens_limit=max_tokens,
         request_timeout_s=request_timeout,
+        session_ttl_s=session_ttl,
+        prompt_chunk=prefill_chunk,
+        max_sessions_per_key=max_sessions_per_key,
+        max_requests_per_key=max_requests_per_key,
+        max_saved_sessions=max_saved_sessions,
+        metrics_key=metrics_key,
+        header_timeout_s=header_timeout,
+        idle_timeout_s=idle_timeout,
+        max_connections_per_client=max_connections,
     )
     folder = config.sessions_dir
     if folder is not None and folder.exists() and not folder.is_dir():
         raise SinklabError(f"--sessions {str(sessions)!r} is a file; pass a folder")
+    if folder is not None:
+        from sinklab.serve.sessions import SessionStore
+
+        SessionStore(folder, {}, log_line).claim()  # sinklab's own folder, or refused now
     sock = bind(config)
     try:
         loaded = load(model, dtype, device, trust_remote_code)

@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import hmac
 import os
-import secrets
 import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
@@ -32,6 +31,7 @@ from sinklab.serve.protocol import (
     parse_request,
     sse,
 )
+from sinklab.serve.registry import not_found
 from sinklab.serve.sessions import Session
 
 
@@ -57,7 +57,7 @@ class Server:
         scheme, _, key = header.partition(" ")
         if scheme.lower() == "bearer" and key:
             for known, tenant in self.config.tenants.items():
-                if hmac.compare_digest(known.encode(), key.strip().encode()):
+                if hmac.compare_digest(known.encode(), key.strip().encode("utf-8", "replace")):
                     return tenant
         raise ApiError(
             401,
@@ -72,91 +72,34 @@ class Server:
             413,
             f"the request body is over {limit} bytes; send only the new message with a session_id",
             code="request_too_large",
+            headers={"Connection": "close"},  # the rest of the body is drained, then closed
         )
         length = request.headers.get("content-length")
         if length is not None and (not length.isdigit() or int(length) > limit):
             raise too_big
         data = bytearray()
-        async for part in request.stream():
-            data += part
-            if len(data) > limit:
-                raise too_big
+        seconds = self.config.header_timeout_s
+        try:  # a body trickled in past the deadline holds no connection
+            async with asyncio.timeout(seconds):
+                async for part in request.stream():
+                    data += part
+                    if len(data) > limit:
+                        raise too_big
+        except TimeoutError:
+            raise ApiError(
+                408,
+                f"the request body did not arrive within {seconds:g} s",
+                code="request_timeout",
+                headers={"Connection": "close"},
+            ) from None
         return bytes(data)
 
     def owned(self, tenant: str, sid: str) -> Session:
-        with self.engine.lock:
-            s = self.engine.sessions.get(sid)
-        if s is None or s.tenant != tenant or not SESSION_ID.fullmatch(sid):
-            raise ApiError(404, f"no session {sid!r} for this key", code="session_not_found")
+        """The key's session ``sid``; an absent id and another key's answer the same 404."""
+        s = self.engine.registry.find(tenant, sid) if SESSION_ID.fullmatch(sid) else None
+        if s is None:
+            raise not_found(sid)
         return s
-
-    # ---------------------------------------------------------------- sessions
-    def pick(
-        self, tenant: str, sid: str | None, messages: list[dict[str, str]]
-    ) -> tuple[Session, list[dict[str, str]], bool]:
-        """The session a request continues, the messages it adds, whether it is new; marks the
-        session busy. With ``sid``: that session (created if unknown); without: the tenant's
-        session whose conversation the messages extend, else a new one."""
-        eng = self.engine
-        with eng.lock:
-            session, created = None, False
-            if sid is not None:
-                session = eng.sessions.get(sid)
-                if session is not None and session.tenant != tenant:
-                    raise ApiError(
-                        404, f"no session {sid!r} for this key", code="session_not_found"
-                    )
-            else:
-                best = -1
-                for s in eng.sessions.values():
-                    known = s.chat.messages
-                    if (
-                        s.tenant == tenant
-                        and not s.busy
-                        and len(known) > best
-                        and 0 < len(known) < len(messages)
-                        and messages[: len(known)] == known
-                    ):
-                        session, best = s, len(known)
-            if session is None:
-                if len(eng.sessions) >= self.config.max_sessions:
-                    raise ApiError(
-                        429,
-                        f"the server holds its most sessions ({self.config.max_sessions}); "
-                        "delete one (DELETE /v1/sessions/ID) or retry later",
-                        type="rate_limit_error",
-                        code="too_many_sessions",
-                        headers={"Retry-After": "60"},
-                    )
-                sid = sid or "s-" + secrets.token_urlsafe(12)
-                session, created = eng.new_session(sid, tenant), True
-                eng.sessions[sid] = session
-            if session.busy:
-                raise ApiError(
-                    409,
-                    f"session {session.id!r} is answering another turn; wait for it",
-                    code="session_busy",
-                    headers={"Retry-After": "1"},
-                )
-            known = session.chat.messages
-            new = messages[len(known) :] if messages[: len(known)] == known else messages
-            if not new or new[-1]["role"] != "user":
-                if created:
-                    del eng.sessions[session.id]
-                raise ApiError(
-                    400,
-                    "the messages must end with a new user message",
-                    code="invalid_messages",
-                    param="messages",
-                )
-            session.busy = True
-        return session, new, created
-
-    def release(self, session: Session, created: bool) -> None:
-        with self.engine.lock:
-            session.busy = False
-            if created:
-                self.engine.sessions.pop(session.id, None)
 
     # ---------------------------------------------------------------- routes
     async def chat_completions(self, request: Request) -> Response:
@@ -187,7 +130,8 @@ class Server:
                 param="max_tokens",
             )
         messages = [{"role": m.role, "content": m.text()} for m in req.messages]
-        session, new, created = self.pick(tenant, req.session_id, messages)
+        registry = self.engine.registry
+        session, new, created = registry.acquire(tenant, req.session_id, messages)
         loop = asyncio.get_running_loop()
         events: asyncio.Queue[tuple[str, Any]] = asyncio.Queue()
         job = Job(
@@ -200,11 +144,12 @@ class Server:
             time.monotonic() + cfg.request_timeout_s,
             lambda ev: loop.call_soon_threadsafe(events.put_nowait, ev),
             created=created,
+            deferred=True,  # applied once the client can have it (see _whole, _stream)
         )
         try:
             self.engine.submit(job)
         except ApiError:
-            self.release(session, created)
+            registry.release(session, created)
             raise
         if req.stream:
             return StreamingResponse(
@@ -212,18 +157,35 @@ class Server:
                 media_type="text/event-stream",
                 headers={"Cache-Control": "no-cache"},
             )
-        return await self._whole(job, events)
+        return await self._whole(request, job, events)
 
-    async def _whole(self, job: Job, events: asyncio.Queue) -> Response:
+    async def _whole(self, request: Request, job: Job, events: asyncio.Queue) -> Response:
+        """The reply as one response; a client gone while it is made (checked every second)
+        drops the turn, and the turn is applied just before the response goes out."""
         cid, text = completion_id(), []
         try:
             while True:
-                kind, value = await events.get()
+                try:
+                    kind, value = await asyncio.wait_for(events.get(), timeout=1.0)
+                except TimeoutError:
+                    if await request.is_disconnected():
+                        self.log(f"session {job.session.id}: client gone; the turn was not applied")
+                        job.cancelled.set()
+                        asyncio.get_running_loop().create_task(self._drain(job, events))
+                        return Response(status_code=499)
+                    continue
                 if kind == "text":
                     text.append(value)
                 elif kind == "error":
                     return _error(value)
                 else:
+                    if await request.is_disconnected():
+                        self.log(f"session {job.session.id}: client gone; the turn was not applied")
+                        self.engine.abort(job)
+                        return Response(status_code=499)
+                    error = await asyncio.to_thread(self.engine.commit, job)
+                    if error is not None:
+                        return _error(error)
                     extra = {"session_id": job.session.id, "session": value["session"]}
                     body = completion(
                         cid,
@@ -236,6 +198,10 @@ class Server:
                     return JSONResponse(body)
         except asyncio.CancelledError:  # the client went away: the turn is dropped
             job.cancelled.set()
+            if job.final is not None:
+                self.engine.abort(job)
+            else:
+                asyncio.get_running_loop().create_task(self._drain(job, events))
             raise
 
     async def _stream(
@@ -255,10 +221,14 @@ class Server:
                     over = True
                     yield sse(value.body())
                     return
-                else:
-                    over = True
+                else:  # the reply is whole: it is committed once its last chunk went out
                     extra = {"session_id": sid, "session": value["session"]}
                     yield sse(chunk(cid, model, {}, value["finish_reason"], extra))
+                    over = True
+                    error = await asyncio.to_thread(self.engine.commit, job)
+                    if error is not None:
+                        yield sse(error.body())
+                        return
                     if req.stream_options and req.stream_options.include_usage:
                         usage = chunk(cid, model, {}, None, {"usage": value["usage"]})
                         usage["choices"] = []
@@ -266,8 +236,24 @@ class Server:
                     yield sse("[DONE]")
                     return
         finally:
-            if not over:  # the client went away mid-reply: the turn is dropped
+            if not over:  # the client went away before the whole reply: the turn is dropped
+                self.log(f"session {sid}: client gone mid-reply; the turn was not applied")
                 job.cancelled.set()
+                if job.final is not None:
+                    self.engine.abort(job)
+                else:
+                    asyncio.get_running_loop().create_task(self._drain(job, events))
+
+    async def _drain(self, job: Job, events: asyncio.Queue) -> None:
+        """After the client left mid-stream: the engine may still finish the (deferred) turn
+        before it sees the cancel; such a turn is dropped, never committed."""
+        while True:
+            kind, _ = await events.get()
+            if kind == "error":
+                return
+            if kind == "done":
+                self.engine.abort(job)
+                return
 
     async def models(self, request: Request) -> Response:
         self.tenant(request)
@@ -285,6 +271,11 @@ class Server:
             }
         )
 
+    async def sessions(self, request: Request) -> Response:
+        """``GET /v1/sessions``: the key's sessions (id, turns, kept positions, last use)."""
+        rows = self.engine.registry.listing(self.tenant(request))
+        return JSONResponse({"object": "list", "data": rows})
+
     async def session(self, request: Request) -> Response:
         s = self.owned(self.tenant(request), request.path_params["sid"])
         return JSONResponse(
@@ -292,20 +283,20 @@ class Server:
         )
 
     async def delete_session(self, request: Request) -> Response:
-        s = self.owned(self.tenant(request), request.path_params["sid"])
-        with self.engine.lock:
-            if s.busy:
-                raise ApiError(409, f"session {s.id!r} is answering a turn", code="session_busy")
-            del self.engine.sessions[s.id]
-        if self.engine.store is not None:
-            self.engine.store.delete(s)
-        return JSONResponse({"id": s.id, "object": "session.deleted", "deleted": True})
+        tenant, sid = self.tenant(request), request.path_params["sid"]
+        if not SESSION_ID.fullmatch(sid):
+            raise not_found(sid)
+        self.engine.registry.delete(tenant, sid)
+        return JSONResponse({"id": sid, "object": "session.deleted", "deleted": True})
 
     async def health(self, request: Request) -> Response:
         return JSONResponse({"status": "ok", "model": self.config.model_id})
 
     async def prometheus(self, request: Request) -> Response:
-        self.tenant(request)
+        """Aggregates to any key; per-key series (by tenant hash) only to ``--metrics-key``."""
+        per_key = self.config.metrics_key is not None and self._is_metrics_key(request)
+        if not per_key:
+            self.tenant(request)
         eng = self.engine
 
         def gauges() -> dict[str, float]:
@@ -313,9 +304,44 @@ class Server:
                 n = len(eng.sessions)
             return {"sessions": n, "kept": eng.kept_total(), "queue": eng.queue.qsize()}
 
-        return PlainTextResponse(
-            self.metrics.render(gauges), media_type="text/plain; version=0.0.4"
+        text = self.metrics.render(gauges)
+        if per_key:
+            text += self._per_key()
+        return PlainTextResponse(text, media_type="text/plain; version=0.0.4")
+
+    def _is_metrics_key(self, request: Request) -> bool:
+        scheme, _, key = request.headers.get("authorization", "").partition(" ")
+        known = self.config.metrics_key or ""
+        return scheme.lower() == "bearer" and hmac.compare_digest(
+            known.encode(), key.strip().encode("utf-8", "replace")
         )
+
+    def _per_key(self) -> str:
+        with self.engine.lock:
+            by: dict[str, list[int]] = {}
+            for (tenant, _), s in self.engine.sessions.items():
+                row = by.setdefault(tenant or "open", [0, 0, 0])
+                row[0] += 1
+                row[1] += s.state.kept
+                row[2] += int(s.busy)
+        lines = [
+            "# HELP sinklab_key_sessions Sessions held, by key (tenant hash).",
+            "# TYPE sinklab_key_sessions gauge",
+        ]
+        lines += [f'sinklab_key_sessions{{tenant="{t}"}} {r[0]}' for t, r in sorted(by.items())]
+        lines += [
+            "# HELP sinklab_key_kept_positions Cache positions kept, by key.",
+            "# TYPE sinklab_key_kept_positions gauge",
+        ]
+        lines += [
+            f'sinklab_key_kept_positions{{tenant="{t}"}} {r[1]}' for t, r in sorted(by.items())
+        ]
+        lines += [
+            "# HELP sinklab_key_busy Turns in flight, by key.",
+            "# TYPE sinklab_key_busy gauge",
+        ]
+        lines += [f'sinklab_key_busy{{tenant="{t}"}} {r[2]}' for t, r in sorted(by.items())]
+        return "\n".join(lines) + "\n"
 
 
 def build_app(
@@ -326,6 +352,7 @@ def build_app(
     app = FastAPI(title="sinklab serve", docs_url=None, redoc_url=None, openapi_url=None)
     app.add_api_route("/v1/chat/completions", server.chat_completions, methods=["POST"])
     app.add_api_route("/v1/models", server.models, methods=["GET"])
+    app.add_api_route("/v1/sessions", server.sessions, methods=["GET"])
     app.add_api_route("/v1/sessions/{sid}", server.session, methods=["GET"])
     app.add_api_route("/v1/sessions/{sid}", server.delete_session, methods=["DELETE"])
     app.add_api_route("/health", server.health, methods=["GET"])

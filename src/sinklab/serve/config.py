@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import ipaddress
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -24,6 +25,11 @@ def is_loopback(host: str) -> bool:
 def tenant_of(key: str) -> str:
     """The tenant a key stands for, as stored with its sessions (never the key itself)."""
     return hashlib.sha256(key.encode()).hexdigest()[:24]
+
+
+def _plain(key: str) -> bool:
+    """A key a client can send as ``Authorization: Bearer KEY``: printable ASCII, no spaces."""
+    return bool(key) and all(33 <= ord(c) <= 126 for c in key)
 
 
 @dataclass(frozen=True)
@@ -46,22 +52,51 @@ class ServeConfig:
     max_tokens_limit: int = 2048  # the most a request may ask for
     default_max_tokens: int = 256
     request_timeout_s: float = 300.0
-    prompt_chunk: int = 128
+    prompt_chunk: int = 128  # --prefill-chunk: tokens of a turn read per engine step, at most
+    session_ttl_s: float = 3600.0  # an idle session is removed after this long
+    max_sessions_per_key: int = 64
+    max_requests_per_key: int = 16  # turns of one key in flight at once
+    max_saved_sessions: int = 256  # sessions out of memory kept on disk (LRU beyond)
+    metrics_key: str | None = None  # per-key series in /metrics, for this key only
+    header_timeout_s: float = 10.0  # a request's headers and body must arrive within this
+    idle_timeout_s: float = 5.0  # an idle keep-alive connection is closed after this long
+    max_connections_per_client: int = 64  # open connections from one client address
     tenants: dict[str, str] = field(default_factory=dict, compare=False)  # key -> tenant
 
     def __post_init__(self) -> None:
-        for name in ("n_sink", "window", "max_sessions", "max_batch", "max_queue"):
+        for name in (
+            "n_sink",
+            "window",
+            "max_sessions",
+            "max_batch",
+            "max_queue",
+            "prompt_chunk",
+            "max_sessions_per_key",
+            "max_requests_per_key",
+            "max_saved_sessions",
+            "max_connections_per_client",
+        ):
             if getattr(self, name) < 1:
-                raise SinklabError(f"--{name.replace('_', '-')} must be a positive integer")
+                flag = "prefill_chunk" if name == "prompt_chunk" else name
+                raise SinklabError(f"--{flag.replace('_', '-')} must be a positive integer")
         for name in ("max_body_bytes", "max_messages", "max_tokens_limit", "default_max_tokens"):
             if getattr(self, name) < 1:
                 raise SinklabError(f"{name} must be a positive integer")
-        if not self.request_timeout_s > 0:
-            raise SinklabError("--request-timeout must be a positive number of seconds")
+        for name in ("request_timeout_s", "session_ttl_s", "header_timeout_s", "idle_timeout_s"):
+            value = getattr(self, name)
+            if not (value > 0 and math.isfinite(value)):
+                flag = "--" + name.removesuffix("_s").replace("_", "-")
+                raise SinklabError(f"{flag} must be a positive number of seconds, got {value}")
         if not 0 <= self.port <= 65535:
             raise SinklabError(f"--port must be in 0..65535 (0: any free port), got {self.port}")
-        if any(not k.strip() or any(c.isspace() for c in k) for k in self.api_keys):
-            raise SinklabError("an --api-key is empty or has spaces; pass a plain token")
+        for flag, keys in (("--api-key", self.api_keys), ("--metrics-key", (self.metrics_key,))):
+            if any(k is not None and not _plain(k) for k in keys):
+                raise SinklabError(
+                    f"a {flag} is empty or has spaces or characters outside printable ASCII "
+                    "(no client can send it in a header); pass a plain ASCII token"
+                )
+        if self.metrics_key is not None and self.metrics_key in self.api_keys:
+            raise SinklabError("--metrics-key must differ from every --api-key")
         if len(set(self.api_keys)) != len(self.api_keys):
             raise SinklabError("the same --api-key is given twice; give each tenant's key once")
         if not self.api_keys and not is_loopback(self.host):

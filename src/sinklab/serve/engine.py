@@ -1,10 +1,13 @@
-"""The one thread that runs the model: it takes turns off a queue, reads the new texts of the
-turns waiting together (the prefill: one left-padded forward a piece, each session's row read
-exactly as ``sinklab chat`` reads it alone), then decodes every busy session's reply together in
-one :class:`~sinklab.stream.generation.StreamBatch` step after step; sessions
-join the batch (from their saved :class:`~sinklab.stream.state.StreamState`) and leave it
-between steps. A finished turn is written to disk before it is reported done; a turn that fails
-(full disk, timeout, a client gone, a crash) leaves its session as it was before the turn.
+"""The one thread that runs the model: it takes turns off a queue and, step after step, reads
+the next piece (at most ``--prefill-chunk`` tokens) of every turn still being read (the prefill:
+one left-padded forward, each session's row read exactly as ``sinklab chat`` reads it alone),
+then decodes one token of every busy session's reply together in one
+:class:`~sinklab.stream.generation.StreamBatch` step; so a long prompt delays the others' tokens
+by one piece a step, never by its whole length. Sessions join the batch (from their saved
+:class:`~sinklab.stream.state.StreamState`) and leave it between steps. A finished turn is
+written to disk before it is reported done (a streamed one only once its last chunk went out to
+the client: :meth:`Engine.commit`); a turn that fails (full disk, ``--request-timeout`` checked
+between pieces and steps, a client gone, a crash) leaves its session as it was before the turn.
 """
 
 from __future__ import annotations
@@ -22,10 +25,11 @@ from sinklab.errors import SinklabError
 from sinklab.serve.config import ServeConfig
 from sinklab.serve.metrics import Metrics
 from sinklab.serve.protocol import ApiError
+from sinklab.serve.registry import Registry
 from sinklab.serve.sessions import Session, SessionStore
 from sinklab.stream.cache import CacheConfig, SinkCache
 from sinklab.stream.chat import ChatConfig, ChatSession, Opened
-from sinklab.stream.generation import RowsRead, StreamBatch, TextStream, read_rows
+from sinklab.stream.generation import StreamBatch, TextStream, _piece, read_rows
 from sinklab.stream.state import StreamState
 
 Emit = Callable[[tuple[str, Any]], None]  # ("text", str) | ("done", dict) | ("error", ApiError)
@@ -44,6 +48,7 @@ class Job:
     deadline: float
     emit: Emit
     created: bool = False  # the session was made for this turn (dropped if the turn fails)
+    deferred: bool = False  # committed by the caller once the client has the reply (commit())
     cancelled: threading.Event = field(default_factory=threading.Event)
     opened: Opened | None = None
     tokens: list[int] = field(default_factory=list)
@@ -55,6 +60,12 @@ class Job:
     ended: bool = False  # the model stopped by itself (its end token is not part of the reply)
     cut: bool = False  # a stop string cut ``text`` (the session keeps the text as cut)
     detok: TextStream | None = None
+    # being read: the messages and rendering of the turn, the ids not read yet, the cache so far
+    reading: tuple[list[dict[str, str]], str, int] | None = None
+    left: list[int] = field(default_factory=list)
+    partial: StreamState | None = None
+    seen: tuple[int, int] = (0, 0)  # the highest position given, the most positions kept
+    final: tuple[StreamState, str] | None = None  # a deferred turn's cache and finish reason
 
 
 class Engine:
@@ -69,6 +80,7 @@ class Engine:
         store: SessionStore | None,
         metrics: Metrics,
         log: Callable[[str], None],
+        clock: Callable[[], float] = time.time,
     ) -> None:
         self.model, self.tok, self.config = model, tokenizer, config
         self.store, self.metrics, self.log = store, metrics, log
@@ -77,11 +89,17 @@ class Engine:
             config.n_sink, config.window, prompt_chunk=config.prompt_chunk
         )
         self.make_chat()  # refuses a tokenizer without a chat template, before serving
-        self.sessions: dict[str, Session] = {}
-        self.lock = threading.Lock()  # guards ``sessions`` and each session's ``busy``
+        self.registry = Registry(config, store, self.new_session, self.make_chat, log, clock)
+        self.sessions = self.registry.live  # (tenant, id) -> session in memory
+        self.lock = self.registry.lock  # guards ``sessions`` and each session's ``busy``
         self.queue: queue.Queue[Job] = queue.Queue()
         self.batch = StreamBatch(model, self.cache_config)
-        self.active: list[Job] = []
+        self.active: list[Job] = []  # decoding
+        self.reading: list[Job] = []  # their turn's text still being read
+        # the turns being read, by the admission they came in: each group's cache lives across
+        # steps (a state is copied out only when a turn is read to its end)
+        self.groups: list[tuple[SinkCache, list[Job]]] = []
+        self._joining: list[Job] = []
         self._stop = threading.Event()
         self.thread = threading.Thread(target=self._run, name="sinklab-engine", daemon=True)
 
@@ -101,9 +119,7 @@ class Engine:
         """Take the sessions of ``--sessions`` (refusing broken files one by one)."""
         if self.store is None:
             return 0
-        for s in self.store.load_all(self.make_chat):
-            self.sessions[s.id] = s
-        return len(self.sessions)
+        return self.registry.restore(self.store.load_all(self.make_chat))
 
     # ------------------------------------------------------------------ the thread
     def start(self) -> None:
@@ -124,90 +140,162 @@ class Engine:
             )
         self.queue.put(job)
 
+    def busy(self) -> bool:
+        """Whether a turn is being read or decoded."""
+        return bool(self.active or self.reading)
+
+    def step(self) -> None:
+        """One engine step: admit waiting turns, read one piece of each turn being read, drop
+        the expired, decode one token of every reply."""
+        self._admit()
+        if self.reading:
+            self._read_step()
+        self._expire()
+        if self.active:
+            self._step()
+
     def _run(self) -> None:
+        swept = 0.0
         while not self._stop.is_set():
             try:
-                self._admit()
-                self._expire()
-                if self.active:
-                    self._step()
+                self.step()
+                if time.monotonic() - swept > 1.0:
+                    swept = time.monotonic()
+                    self.registry.sweep()
             except Exception as err:  # never lose the thread: fail what is in flight
                 self.log(f"engine error: {type(err).__name__}: {err}")
-                for job in list(self.active):
+                for job in [*self.active, *self.reading]:
                     self._fail(job, ApiError(500, "the server failed to decode", "server_error"))
                 self.active.clear()
+                self.reading.clear()
+                self.groups.clear()
+                self._joining.clear()
                 self.batch = StreamBatch(self.model, self.cache_config)
             self.metrics.set_batch(len(self.active))
 
     def _admit(self) -> None:
-        """Take the turns waiting, as many as the batch has room for, and read them together."""
+        """Take the turns waiting, as many as the batch has room for, to be read."""
         jobs: list[Job] = []
-        while len(self.active) + len(jobs) < self.config.max_batch:
+        while len(self.active) + len(self.reading) + len(jobs) < self.config.max_batch:
             try:
-                wait = 0.05 if not self.active and not jobs else 0
+                wait = 0.05 if not self.busy() and not jobs else 0
                 jobs.append(self.queue.get(timeout=wait) if wait else self.queue.get_nowait())
             except queue.Empty:
                 break
-        if jobs:
-            self._prefill(jobs)
+        for job in jobs:
+            self._begin(job)
+
+    def _prefill(self, jobs: list[Job]) -> None:
+        """Read ``jobs``' turns to their end (piece by piece, together) without decoding: the
+        engine's steps without the decode (tests drive the engine by hand)."""
+        for job in jobs:
+            self._begin(job)
+        while any(j in self.reading for j in jobs):
+            self._read_step()
+
+    def _begin(self, job: Job) -> None:
+        """Set ``job`` up to be read (its session's snapshot taken), or answer it now."""
+        if job.cancelled.is_set() or time.monotonic() > job.deadline:
+            self._fail(job, _timeout() if not job.cancelled.is_set() else None)
+            return
+        chat = job.session.chat
+        job.snapshot = (chat.record(), chat.gen.get_state())
+        job.started = time.perf_counter()
+        try:
+            if job.seed is not None:
+                chat.gen.manual_seed(job.seed)
+            messages, full, ids = chat.to_read(job.new)
+            if not ids:
+                raise SinklabError("nothing to read for this turn")
+        except SinklabError as err:
+            self._fail(job, ApiError(400, str(err), code="invalid_conversation"))
+            return
+        except Exception as err:  # the job is not in the batch yet: answer it here
+            self._prefill_failed(job, err)
+            return
+        job.reading, job.left, job.partial = (messages, full, len(ids)), ids, job.session.state
+        self.reading.append(job)
+        self._joining.append(job)
 
     @torch.inference_mode()
-    def _prefill(self, jobs: list[Job]) -> None:
-        """Read the turns' new texts, every session's in one left-padded forward a piece
-        (:func:`~sinklab.stream.generation.read_rows`: each row as ``sinklab chat`` reads it
-        alone), sample each reply's first token; the replies that go on join the decode batch."""
-        ready: list[tuple[Job, list[dict[str, str]], str, list[int]]] = []
-        for job in jobs:
-            if job.cancelled.is_set() or time.monotonic() > job.deadline:
-                self._fail(job, _timeout() if not job.cancelled.is_set() else None)
-                continue
-            chat = job.session.chat
-            job.snapshot = (chat.record(), chat.gen.get_state())
-            job.started = time.perf_counter()
+    def _read_step(self) -> None:
+        """Read the next piece of every turn being read: one left-padded forward per group of
+        turns admitted together (:func:`~sinklab.stream.generation.read_rows`: each row as
+        ``sinklab chat`` reads it alone, piece for piece); a turn read to its end samples its
+        first token and joins the decode batch, or is over."""
+        if self._joining:
+            jobs, self._joining = self._joining, []
             try:
-                if job.seed is not None:
-                    chat.gen.manual_seed(job.seed)
-                messages, full, ids = chat.to_read(job.new)
-                if not ids:
-                    raise SinklabError("nothing to read for this turn")
-            except SinklabError as err:
-                self._fail(job, ApiError(400, str(err), code="invalid_conversation"))
-                continue
-            except Exception as err:  # the job is not in the batch yet: answer it here
-                self._prefill_failed(job, err)
-                continue
-            ready.append((job, messages, full, ids))
-        if not ready:
-            return
+                self.groups.append(
+                    (SinkCache.from_state(self.model, [j.partial for j in jobs]), jobs)
+                )
+            except Exception as err:
+                for job in jobs:
+                    self.reading.remove(job)
+                    self._prefill_failed(job, err)
+        for group in list(self.groups):
+            self._read_group(group)
+
+    def _read_group(self, group: tuple[SinkCache, list[Job]]) -> None:
+        cache, rows = group
         try:
-            cache = SinkCache.from_state(self.model, [job.session.state for job, *_ in ready])
-            read = read_rows(
-                self.model, cache, [ids for *_, ids in ready], self.config.prompt_chunk, fit=True
-            )
+            piece = _piece(cache, self.config.prompt_chunk, True)
+            read = read_rows(self.model, cache, [job.left[:piece] for job in rows], piece, fit=True)
         except Exception as err:
-            for job, *_ in ready:
+            self.groups.remove(group)
+            for job in rows:
+                self.reading.remove(job)
                 self._prefill_failed(job, err)
             return
-        self.metrics.set_prefill(len(ready))
-        for b, (job, messages, full, ids) in enumerate(ready):
+        self.metrics.set_prefill(len(rows))
+        done: list[tuple[Job, torch.Tensor, StreamState]] = []
+        for b, job in enumerate(rows):
+            job.left = job.left[piece:]
+            top, most = job.seen
+            job.seen = (max(top, read.top_position[b]), max(most, read.most_kept[b]))
+            if not job.left:
+                try:
+                    done.append((job, read.logits[b], cache.state(b)))
+                except Exception as err:
+                    done.append((job, read.logits[b], None))  # type: ignore[arg-type]
+                    self.log(f"session {job.session.id}: state not taken: {err}")
+        if done:
+            self._drop_rows(group, [job for job, *_ in done])
+        for job, logits, state in done:
+            self.reading.remove(job)
             try:  # one turn's failure here is that turn's: the others read with it go on
-                self._opened(job, Opened(messages, full, len(ids), read.logits[b]), cache, b, read)
+                if state is None:
+                    raise SinklabError("the turn's cache state could not be taken")
+                job.partial = state
+                self._opened(job, logits)
             except Exception as err:
                 self._prefill_failed(job, err)
 
-    def _opened(self, job: Job, opened: Opened, cache: SinkCache, b: int, read: RowsRead) -> None:
-        """Turn ``job``, read as row ``b`` of ``cache``: sample its first token; it is over, or it
-        joins the decode batch."""
-        chat = job.session.chat
-        chat.watched(read.top_position[b], read.most_kept[b])
-        job.opened = opened
-        self.metrics.add_prompt(opened.prompt_tokens)
-        job.detok = TextStream(self.tok)
-        done = self._take(job, chat.sample(opened.logits, job.temperature))
-        if done is not None:
-            self._complete(job, cache.state(b), done)
+    def _drop_rows(self, group: tuple[SinkCache, list[Job]], gone: list[Job]) -> None:
+        """Take ``gone`` out of their reading group (the others' rows stay as they are)."""
+        cache, rows = group
+        keep = [b for b, job in enumerate(rows) if job not in gone]
+        if not keep:
+            self.groups.remove(group)
             return
-        job.stream = self.batch.add(cache.state(b))
+        cache.keep_streams(keep)
+        rows[:] = [rows[b] for b in keep]
+
+    def _opened(self, job: Job, logits: torch.Tensor) -> None:
+        """Turn ``job`` is read (``logits``: of its last token): sample its first token; it is
+        over, or it joins the decode batch."""
+        chat = job.session.chat
+        assert job.reading is not None and job.partial is not None
+        chat.watched(*job.seen)
+        messages, full, n = job.reading
+        job.opened = Opened(messages, full, n, logits)
+        self.metrics.add_prompt(n)
+        job.detok = TextStream(self.tok)
+        done = self._take(job, chat.sample(logits, job.temperature))
+        if done is not None:
+            self._complete(job, job.partial, done)
+            return
+        job.stream = self.batch.add(job.partial)
         self.active.append(job)
 
     def _prefill_failed(self, job: Job, err: Exception) -> None:
@@ -260,59 +348,91 @@ class Engine:
         job.stream = None
 
     def _expire(self) -> None:
+        """Drop the turns whose client went away or whose ``--request-timeout`` passed (checked
+        between pieces of a read and between decode steps)."""
         now = time.monotonic()
-        for job in list(self.active):
+        for job in [*self.active, *self.reading]:
             if job.cancelled.is_set() or now > job.deadline:
-                self._leave(job)
+                if job in self.reading:
+                    self.reading.remove(job)
+                    if job in self._joining:
+                        self._joining.remove(job)
+                    for group in list(self.groups):
+                        if job in group[1]:
+                            self._drop_rows(group, [job])
+                else:
+                    self._leave(job)
                 self._fail(job, None if job.cancelled.is_set() else _timeout())
 
     def _complete(self, job: Job, state: StreamState, finish: str) -> None:
-        """The reply is over: commit the turn, write it, then report it done."""
+        """The reply is over: commit the turn, write it, then report it done (a deferred turn:
+        report it done, the caller commits it once the client has it)."""
+        if job.deferred:
+            job.final = (state, finish)
+            job.emit(("done", self._result(job, state, finish, job.session.chat.turns + 1)))
+            return
+        error = self._commit(job, state)
+        if error is not None:
+            self._fail(job, error)
+            return
+        self.registry.release(job.session, False)
+        job.emit(("done", self._result(job, state, finish, job.session.chat.turns)))
+
+    def commit(self, job: Job) -> ApiError | None:
+        """Commit a deferred turn the client has received (any thread: the session is busy, the
+        engine no longer touches it); -> the error when it could not be saved (the session is
+        then as before the turn)."""
+        assert job.final is not None
+        error = self._commit(job, job.final[0])
+        if error is not None:
+            self._fail(job, error, emit=False)
+            return error
+        self.registry.release(job.session, False)
+        return None
+
+    def abort(self, job: Job) -> None:
+        """Drop a deferred turn the client did not receive: the session is as before it."""
+        self._fail(job, None)
+
+    def _commit(self, job: Job, state: StreamState) -> ApiError | None:
         session, chat = job.session, job.session.chat
         assert job.opened is not None
         cut = job.text if job.cut else None  # the session keeps the reply the client gets
         chat.finish(job.opened, job.tokens, job.ended, time.perf_counter() - job.started, cut)
+        session.used = self.registry.clock()
         try:
             if self.store is not None:
                 self.store.save(session, state)
         except OSError as err:
             self.log(f"session {session.id}: turn {chat.turns} not saved ({err.strerror or err})")
-            self._fail(
-                job,
-                ApiError(
-                    507,
-                    f"the session could not be saved ({err.strerror or err}); the turn was "
-                    "not applied, the session is as before it",
-                    type="server_error",
-                    code="insufficient_storage",
-                ),
+            return ApiError(
+                507,
+                f"the session could not be saved ({err.strerror or err}); the turn was "
+                "not applied, the session is as before it",
+                type="server_error",
+                code="insufficient_storage",
             )
-            return
         except Exception as err:
             self.log(f"session {session.id}: turn {chat.turns} not saved ({err})")
-            self._fail(job, ApiError(500, "the turn could not be saved", "server_error"))
-            return
+            return ApiError(500, "the turn could not be saved", "server_error")
         session.state = state
-        with self.lock:
-            session.busy = False
-        prompt = job.opened.prompt_tokens
-        job.emit(
-            (
-                "done",
-                {
-                    "finish_reason": finish,
-                    "reply": job.text,
-                    "usage": {
-                        "prompt_tokens": prompt,
-                        "completion_tokens": len(job.tokens),
-                        "total_tokens": prompt + len(job.tokens),
-                    },
-                    "session": session.summary(),
-                },
-            )
-        )
+        return None
 
-    def _fail(self, job: Job, error: ApiError | None) -> None:
+    def _result(self, job: Job, state: StreamState, finish: str, turns: int) -> dict[str, Any]:
+        assert job.opened is not None
+        prompt = job.opened.prompt_tokens
+        return {
+            "finish_reason": finish,
+            "reply": job.text,
+            "usage": {
+                "prompt_tokens": prompt,
+                "completion_tokens": len(job.tokens),
+                "total_tokens": prompt + len(job.tokens),
+            },
+            "session": {"turns": turns, "tokens_seen": state.seen, "kept": state.kept},
+        }
+
+    def _fail(self, job: Job, error: ApiError | None, emit: bool = True) -> None:
         """Undo the turn (the session is as before it) and report ``error``."""
         session, chat = job.session, job.session.chat
         if job.snapshot is not None:
@@ -320,11 +440,8 @@ class Engine:
             chat.load_record(record)
             chat.gen.set_state(gen)
         chat.cache = None  # type: ignore[assignment]
-        with self.lock:
-            session.busy = False
-            if job.created and self.sessions.get(session.id) is session:
-                del self.sessions[session.id]
-        if error is not None:
+        self.registry.release(session, job.created)
+        if error is not None and emit:
             job.emit(("error", error))
 
     # ------------------------------------------------------------------ read-outs

@@ -14,6 +14,8 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 SESSION_ID = re.compile(r"[A-Za-z0-9_-]{1,64}")
+MIN_TEMPERATURE = 1e-4  # below it (and above 0) a temperature is refused: 1/t overflows float32
+MAX_DEPTH = 64  # JSON nesting a request may have (a deeper body is refused, never recursed into)
 
 
 @dataclass
@@ -87,6 +89,15 @@ class ChatRequest(BaseModel):
     def _finite(cls, value: float | None) -> float | None:
         if value is not None and not math.isfinite(value):
             raise ValueError("must be a finite number")
+        if value is not None and 0 < value < MIN_TEMPERATURE:
+            raise ValueError(f"must be 0 (greedy) or at least {MIN_TEMPERATURE:g}")
+        return value
+
+    @field_validator("seed")
+    @classmethod
+    def _seed(cls, value: int | None) -> int | None:
+        if value is not None and not -(2**63) <= value < 2**64:
+            raise ValueError("must fit in 64 bits (-2**63 to 2**64 - 1)")
         return value
 
     @field_validator("stop")
@@ -110,10 +121,7 @@ class ChatRequest(BaseModel):
 
 def parse_request(body: bytes) -> ChatRequest:
     """The request in ``body``, or an :class:`ApiError` (400) naming the first bad field."""
-    try:
-        data = json.loads(body)
-    except (ValueError, UnicodeDecodeError):
-        raise ApiError(400, "the request body is not valid JSON", code="invalid_json") from None
+    data = load_json(body)
     if not isinstance(data, dict):
         raise ApiError(400, "the request body must be a JSON object", code="invalid_json")
     try:
@@ -122,6 +130,42 @@ def parse_request(body: bytes) -> ChatRequest:
         first = err.errors()[0]
         where = ".".join(str(x) for x in first["loc"]) or "body"
         raise ApiError(400, f"{where}: {first['msg']}", code="invalid_value", param=where) from None
+
+
+def load_json(body: bytes) -> Any:
+    """A request body's JSON, or an :class:`ApiError` (400): not JSON, nested deeper than
+    :data:`MAX_DEPTH` (checked without recursion, before parsing), or holding a string that is
+    not Unicode text (a lone surrogate such as ``"\\ud800"`` cannot be tokenized)."""
+    from sinklab.safeio import json_depth_ok
+
+    if body.count(b"[") + body.count(b"{") > MAX_DEPTH and not json_depth_ok(
+        body.decode("utf-8", "replace"), MAX_DEPTH
+    ):
+        raise ApiError(
+            400, f"the request body nests deeper than {MAX_DEPTH} levels", code="invalid_json"
+        )
+    try:
+        data = json.loads(body)
+    except (ValueError, UnicodeDecodeError, RecursionError):
+        raise ApiError(400, "the request body is not valid JSON", code="invalid_json") from None
+    todo = [data]
+    while todo:  # every string, keys too: one that is not UTF-8-encodable is refused
+        item = todo.pop()
+        if isinstance(item, dict):
+            todo += [*item.keys(), *item.values()]
+        elif isinstance(item, list):
+            todo += item
+        elif isinstance(item, str):
+            try:
+                item.encode("utf-8")
+            except UnicodeEncodeError:
+                raise ApiError(
+                    400,
+                    "the request holds a lone UTF-16 surrogate (e.g. \\ud800), which is not "
+                    "text; send valid Unicode",
+                    code="invalid_value",
+                ) from None
+    return data
 
 
 def completion_id() -> str:

@@ -40,6 +40,7 @@ def run(config: ServeConfig, sock: socket.socket, loaded: Any, log: Callable[[st
     import uvicorn
 
     from sinklab.serve.app import build_app
+    from sinklab.serve.conn import MAX_HEADER_BYTES, GuardedH11, guard
     from sinklab.serve.engine import Engine
     from sinklab.serve.metrics import Metrics
     from sinklab.serve.sessions import SessionStore
@@ -54,7 +55,9 @@ def run(config: ServeConfig, sock: socket.socket, loaded: Any, log: Callable[[st
     if store is not None:
         log(f"{n} sessions restored from {config.sessions_dir}")
     engine.start()
-    app = build_app(engine, config, metrics, log)
+    app = guard(build_app(engine, config, metrics, log), log)
+    GuardedH11.header_timeout_s = config.header_timeout_s
+    GuardedH11.max_per_client = config.max_connections_per_client
     host, port = sock.getsockname()[:2]
     shown = f"[{host}]" if ":" in host else host
     uv = uvicorn.Config(
@@ -64,6 +67,9 @@ def run(config: ServeConfig, sock: socket.socket, loaded: Any, log: Callable[[st
         lifespan="off",
         timeout_graceful_shutdown=5,
         limit_concurrency=1024,
+        http=GuardedH11,
+        h11_max_incomplete_event_size=MAX_HEADER_BYTES,
+        timeout_keep_alive=config.idle_timeout_s,
     )
     keys = f"{len(config.api_keys)} API keys" if config.api_keys else "no API key (loopback only)"
     log(f"listening on http://{shown}:{port}/v1 ({config.model_id}, {keys})")

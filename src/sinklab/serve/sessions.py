@@ -2,17 +2,25 @@
 
 A :class:`Session` is one conversation: its :class:`~sinklab.stream.chat.ChatSession` (messages,
 the text its cache has read, the sampling generator) and, between turns, its cache as a
-:class:`~sinklab.stream.state.StreamState`. It belongs to the tenant (API key) that created it.
+:class:`~sinklab.stream.state.StreamState`. It belongs to the tenant (API key) that created it;
+its id is the tenant's own (two keys may each hold a session ``bob``).
+
+The ``--sessions`` folder is sinklab's own (:meth:`SessionStore.claim`): sinklab creates it and
+marks it with :data:`MARKER`; a non-empty folder without the mark is refused at start-up. Files
+are named from a hash of the tenant and the validated id (:meth:`SessionStore.stem`), never from
+request text, so no id can name a user's file (``package`` is ``session-<hash>.json``).
 
 :class:`SessionStore` writes a session after each completed turn, so that a crash loses at most
-the turn in flight: ``DIR/ID.T.safetensors`` (the cache tensors and the generator state of turn
-``T``, written to a temporary file, flushed and renamed), then ``DIR/ID.json`` (the conversation,
-the stream's bookkeeping, the server's config and the tensors file's sha256; written the same
-way, the commit point), then the previous turn's tensors file is removed. A crash at any point
-leaves the JSON naming a complete tensors file. At start-up every ``*.json`` is read through
-:mod:`sinklab.safeio` (a regular file, bounded in size and JSON nesting: a FIFO cannot block
-start-up); one that is corrupt, truncated, of another model or cache config, or whose tensors do
-not match its hash is refused with one log line and left on disk; the others are served.
+the turn in flight: ``DIR/STEM.T.safetensors`` (the cache tensors and the generator state of turn
+``T``, written to a temporary file, flushed and renamed), then ``DIR/STEM.json`` (the
+conversation, the stream's bookkeeping, the server's config, the last use and the tensors file's
+sha256; written the same way, the commit point), then the previous turn's tensors file is
+removed. A crash at any point leaves the JSON naming a complete tensors file. At start-up every
+``*.json`` is read through :mod:`sinklab.safeio` (a regular file, bounded in size and JSON
+nesting: a FIFO cannot block start-up); one that is corrupt, truncated, of another model or cache
+config, or whose tensors do not match its hash is refused with one log line and left on disk; the
+others are served. :meth:`SessionStore.delete` removes the JSON first (the commit point: when it
+cannot be removed nothing changed) and then the tensors files sinklab wrote for it.
 """
 
 from __future__ import annotations
@@ -38,6 +46,8 @@ from sinklab.stream.state import StreamState
 
 VERSION = 1
 _GEN = "__generator_state__"
+MARKER = ".sinklab-sessions"  # the mark of a folder sinklab made for its sessions
+_MARK_TEXT = "sinklab sessions folder: sinklab reads, writes and removes its own files here\n"
 
 
 @dataclass
@@ -51,6 +61,7 @@ class Session:
     state: StreamState
     busy: bool = False
     files: list[Path] = field(default_factory=list)  # its tensors file on disk, if any
+    used: float = 0.0  # wall-clock time of its last use (its idle TTL counts from here)
 
     def summary(self) -> dict[str, int]:
         """The ``session`` block of every response."""
@@ -80,13 +91,42 @@ class SessionStore:
         self.log = log
         self._lock = threading.Lock()
 
+    @staticmethod
+    def stem(tenant: str, sid: str) -> str:
+        """The name of a session's files: a hash of its tenant and id (never request text)."""
+        return "session-" + hashlib.sha256(f"{tenant}\0{sid}".encode()).hexdigest()[:32]
+
+    def json_path(self, tenant: str, sid: str) -> Path:
+        return self.folder / f"{self.stem(tenant, sid)}.json"
+
+    def claim(self) -> None:
+        """Make the folder sinklab's (created and marked), or refuse one that holds anything
+        without the mark: sinklab never writes among a user's files."""
+        folder = self.folder
+        try:
+            if (folder / MARKER).is_file():
+                return
+            if folder.is_dir() and any(folder.iterdir()):
+                raise SinklabError(
+                    f"--sessions {str(folder)!r} holds files sinklab did not make; pass an empty "
+                    "or new folder (sinklab marks it as its own)"
+                )
+            folder.mkdir(parents=True, exist_ok=True)
+            (folder / MARKER).write_text(_MARK_TEXT)
+        except OSError as err:
+            raise SinklabError(
+                f"--sessions {str(folder)!r} cannot be used ({err.strerror or err}); pass a "
+                "folder this user can write"
+            ) from None
+
     def save(self, session: Session, state: StreamState) -> Path:
         """Write ``session`` (its conversation as it stands) with cache ``state``; raises
         OSError when the folder cannot take it (nothing of the previous turn's files is lost)."""
         tensors = dict(state.tensors)
         tensors[_GEN] = session.chat.gen.get_state()
         data = save({k: v.contiguous().cpu() for k, v in tensors.items()})
-        name = f"{session.id}.{session.chat.turns}.safetensors"
+        stem = self.stem(session.tenant, session.id)
+        name = f"{stem}.{session.chat.turns}.safetensors"
         record = {
             "version": VERSION,
             "id": session.id,
@@ -96,12 +136,13 @@ class SessionStore:
             "stream": state.to_json(),
             "tensors": name,
             "sha256": hashlib.sha256(data).hexdigest(),
+            "used": session.used,
         }
         with self._lock:
             self.folder.mkdir(parents=True, exist_ok=True)
             _fsync_write(self.folder / name, data)
             try:
-                write_json_atomic(self.folder / f"{session.id}.json", record)
+                write_json_atomic(self.folder / f"{stem}.json", record)
             except BaseException:
                 (self.folder / name).unlink(missing_ok=True)
                 raise
@@ -112,10 +153,42 @@ class SessionStore:
         return self.folder / name
 
     def delete(self, session: Session) -> None:
+        """Remove the session's files: its JSON first (raises OSError when it cannot: then
+        nothing changed), then its tensors files (one that stays is logged, and removed with the
+        orphans at the next start-up)."""
+        self.remove(session.tenant, session.id, session.files)
+
+    def remove(self, tenant: str, sid: str, files: list[Path]) -> None:
+        """:meth:`delete` by tenant, id and tensors files (a session evicted from memory)."""
         with self._lock:
-            (self.folder / f"{session.id}.json").unlink(missing_ok=True)
-            for old in session.files:
-                old.unlink(missing_ok=True)
+            self.json_path(tenant, sid).unlink(missing_ok=True)
+            for old in files:
+                try:
+                    old.unlink(missing_ok=True)
+                except OSError as err:
+                    self.log(f"{old.name} not removed ({err.strerror or err})")
+
+    def tidy(self, kept: list[Session]) -> None:
+        """Remove what sinklab wrote and nothing names any more: a turn's tensors file whose
+        session has no JSON on disk (a crash between the writes, a failed removal) or a newer
+        one, and temporary files of an interrupted write. A refused JSON's files stay."""
+        names = {p.name for s in kept for p in s.files}
+        for path in self.folder.iterdir():
+            own = re.fullmatch(r"(session-[0-9a-f]{32})\.\d+\.safetensors", path.name)
+            temp = re.fullmatch(r"\.session-[0-9a-f]{32}\.\S+", path.name)
+            orphan = (
+                own is not None
+                and path.name not in names
+                and (
+                    any(n.startswith(own.group(1) + ".") for n in names)
+                    or not (self.folder / f"{own.group(1)}.json").exists()
+                )
+            )
+            if (orphan or temp) and path.is_file() and not path.is_symlink():
+                try:
+                    path.unlink()
+                except OSError as err:
+                    self.log(f"{path.name} not removed ({err.strerror or err})")
 
     def load_all(self, make_chat) -> list[Session]:
         """Every session in the folder that can be served (``make_chat()``: a fresh
@@ -124,11 +197,17 @@ class SessionStore:
             return []
         sessions = []
         for path in sorted(self.folder.glob("*.json")):
+            if path.name == MARKER:
+                continue
             try:
                 sessions.append(self._load(path, make_chat))
             except SinklabError as err:
                 self.log(f"session file {path.name} refused: {err}")
         return sessions
+
+    def load_one(self, tenant: str, sid: str, make_chat) -> Session:
+        """The session ``sid`` of ``tenant`` from its file (one parked out of memory)."""
+        return self._load(self.json_path(tenant, sid), make_chat)
 
     def _load(self, path: Path, make_chat) -> Session:
         record = read_json(path, "session file", "session")  # a FIFO, a bomb: one line
@@ -139,11 +218,13 @@ class SessionStore:
                 f"written for {record.get('server')}, this server is {self.server} (stale)"
             )
         sid, name = record.get("id"), record.get("tensors")
+        tenant = record.get("tenant", "")
         if (
             not isinstance(sid, str)
-            or sid != path.stem
+            or not isinstance(tenant, str)
+            or path.stem != self.stem(tenant, sid)
             or not isinstance(name, str)
-            or not re.fullmatch(rf"{re.escape(sid)}\.\d+\.safetensors", name)
+            or not re.fullmatch(rf"{path.stem}\.\d+\.safetensors", name)
         ):
             raise SinklabError("its id or tensors file name does not match the file name")
         data = read_bytes(self.folder / name, "its tensors file", "session tensors")
@@ -163,4 +244,7 @@ class SessionStore:
                 chat.gen.set_state(gen)
             except (RuntimeError, TypeError) as err:
                 raise SinklabError(f"its generator state is broken ({err})") from None
-        return Session(sid, str(record.get("tenant", "")), chat, state, files=[self.folder / name])
+        used = record.get("used")
+        if not isinstance(used, (int, float)) or isinstance(used, bool):
+            used = path.stat().st_mtime
+        return Session(sid, tenant, chat, state, files=[self.folder / name], used=float(used))

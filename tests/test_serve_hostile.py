@@ -1,0 +1,264 @@
+"""Hostile clients of ``sinklab serve`` (issue 29), against the real server on a tiny chat model:
+each case asserts the status, the OpenAI-style JSON body, no traceback in the server's log, and
+that another tenant's session and the files of the sessions folder are untouched. Also the
+sessions folder as sinklab's own (marked; a folder holding anything else refused at start-up; a
+user's ``package.json`` or ``config.json`` never touched) and the start-up refusals."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from helpers import assert_one_line_error, run_main
+from serving import Served
+from sinklab.serve.sessions import MARKER, SessionStore
+
+N_SINK, WINDOW = 2, 30
+KEYS = ("key-a", "key-b")
+
+
+@pytest.fixture(scope="module")
+def chat_dir(tmp_path_factory, tiny_model_factory, chat_tokenizer) -> Path:
+    folder = tmp_path_factory.mktemp("tiny-chat-hostile")
+    tiny_model_factory("llama", seed=13).save_pretrained(folder)
+    chat_tokenizer.save_pretrained(folder)
+    return folder
+
+
+def _args(chat_dir: Path, sessions: Path, *more: str) -> list[str]:
+    args = ["--model", str(chat_dir), "--n-sink", str(N_SINK), "--window", str(WINDOW)]
+    args += ["--sessions", str(sessions), "--max-tokens", "64", *more]
+    for key in KEYS:
+        args += ["--api-key", key]
+    return args
+
+
+@pytest.fixture(scope="module")
+def served(chat_dir, tmp_path_factory):
+    sessions = tmp_path_factory.mktemp("hostile") / "sessions"
+    server = Served(*_args(chat_dir, sessions, "--header-timeout", "2", "--prefill-chunk", "16"))
+    server.sessions = sessions
+    server.model = str(chat_dir)
+    yield server
+    server.stop()
+
+
+def _auth(key: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {key}"}
+
+
+def _body(model: str, text: str, **extra) -> dict:
+    return {"model": model, "messages": [{"role": "user", "content": text}], "max_tokens": 3,
+            **extra}  # fmt: skip
+
+
+def _snapshot(folder: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in folder.iterdir() if p.is_file()}
+
+
+def _refused(resp: httpx.Response, status: int, needle: str) -> None:
+    assert resp.status_code == status, (resp.status_code, resp.text)
+    body = resp.json()
+    assert set(body) == {"error"} and needle in body["error"]["message"], body
+    assert set(body["error"]) == {"message", "type", "param", "code"}
+
+
+def _raw(head: bytes, parts: list[bytes] = ()) -> bytes:
+    """Send bytes on a fresh connection and read the whole answer (a reset fails the test)."""
+    with socket.create_connection(("127.0.0.1", _port_of), timeout=30) as s:
+        s.sendall(head)
+        for part in parts:
+            s.sendall(part)
+        out = b""
+        while chunk := s.recv(65536):
+            out += chunk
+    return out
+
+
+_port_of = 0
+
+
+def _json_of(answer: bytes) -> tuple[int, dict]:
+    head, _, body = answer.partition(b"\r\n\r\n")
+    return int(head.split()[1]), json.loads(body)
+
+
+def test_hostile_requests_are_clean_4xx_and_touch_no_one_else(served):
+    global _port_of
+    _port_of = int(served.url.rsplit(":", 1)[1])
+    url, model = served.base + "/chat/completions", served.model
+    with httpx.Client(timeout=60) as http:
+        keep = http.post(url, json=_body(model, "hello", session_id="keep"), headers=_auth("key-a"))
+        assert keep.status_code == 200, keep.text
+        files = _snapshot(served.sessions)
+        b = _auth("key-b")
+        deep = b'{"model": "m", "messages": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"
+        _refused(http.post(url, content=deep, headers=b), 400, "nests deeper")
+        ignored = b'{"model": "m", "whatever": ' + b"{" * 0 + b"[" * 100_000 + b"]" * 100_000
+        _refused(http.post(url, content=ignored + b"}", headers=b), 400, "nests deeper")
+        lone = b'{"model": "%s", "messages": [{"role": "user", "content": "a\\ud800b"}]}' % (
+            model.encode()
+        )
+        _refused(http.post(url, content=lone, headers=b), 400, "surrogate")
+        for seed in (2**64, -(2**63) - 1, 10**30):
+            _refused(http.post(url, json=_body(model, "x", seed=seed), headers=b), 400, "64 bits")
+        for t in (5e-324, 1.5e-307, 1e-5):
+            resp = http.post(url, json=_body(model, "x", temperature=t), headers=b)
+            _refused(resp, 400, "at least 0.0001")
+        ok = http.post(url, json=_body(model, "x", temperature=1e-4, seed=2**64 - 1), headers=b)
+        assert ok.status_code == 200, ok.text
+        # another key's id and an absent one: the same 404, and b's 'keep' is b's own
+        absent = http.get(served.base + "/sessions/nobody", headers=b).json()["error"]
+        other = http.get(served.base + "/sessions/keep", headers=b).json()["error"]
+        assert {**other, "message": ""} == {**absent, "message": ""}
+        assert other["message"] == absent["message"].replace("nobody", "keep")
+        # /metrics: aggregates only (no per-key series without --metrics-key)
+        metrics = http.get(served.url + "/metrics", headers=b).text
+        assert "sinklab_sessions " in metrics and "tenant=" not in metrics
+        a_files = {n: d for n, d in _snapshot(served.sessions).items() if n in files}
+        assert a_files == files  # key a's session files untouched
+        assert http.get(served.base + "/sessions/keep", headers=_auth("key-a")).json()["turns"] == 1
+    # a 200 KB header: 431 JSON, not a reset; a 2 MiB chunked body: 413 JSON, not a reset
+    status, body = _json_of(_raw(b"GET /health HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 200_000
+                                 + b"\r\n\r\n"))  # fmt: skip
+    assert status == 431 and "headers" in body["error"]["message"]
+    big = json.dumps(_body(model, "x" * (2 << 20))).encode()
+    parts = [b"%x\r\n%s\r\n" % (len(big[i : i + 65536]), big[i : i + 65536])
+             for i in range(0, len(big), 65536)] + [b"0\r\n\r\n"]  # fmt: skip
+    head = (b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer key-b\r\n"
+            b"Content-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n")  # fmt: skip
+    status, body = _json_of(_raw(head, parts))
+    assert status == 413 and "over" in body["error"]["message"]
+    # headers trickled past --header-timeout (2 s): 408, the connection closed
+    with socket.create_connection(("127.0.0.1", _port_of), timeout=30) as s:
+        start = time.monotonic()
+        s.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n")
+        out = b""
+        while chunk := s.recv(65536):
+            out += chunk
+        waited = time.monotonic() - start
+    assert _json_of(out)[0] == 408 and 1.5 < waited < 10
+    with httpx.Client(timeout=10) as http:
+        assert http.get(served.url + "/health").json()["status"] == "ok"
+    assert "Traceback" not in served.log and "Exception in ASGI" not in served.log
+
+
+def test_a_reply_the_client_did_not_receive_is_not_committed(served):
+    url, model, a = served.base + "/chat/completions", served.model, _auth("key-a")
+    with httpx.Client(timeout=60) as http:
+        first = http.post(url, json=_body(model, "once", session_id="cut"), headers=a)
+        assert first.status_code == 200
+        before = http.get(served.base + "/sessions/cut", headers=a).json()
+        body = {**_body(model, "twice", session_id="cut", stream=True), "max_tokens": 60}
+        with http.stream("POST", url, json=body, headers=a) as resp:
+            for n, _line in enumerate(resp.iter_lines()):
+                if n >= 3:
+                    break  # the client goes away mid-reply
+        for _ in range(200):  # until the server has dropped the turn
+            rows = http.get(served.base + "/sessions", headers=a).json()["data"]
+            if not next(r for r in rows if r["id"] == "cut")["busy"]:
+                break
+            time.sleep(0.1)
+        after = http.get(served.base + "/sessions/cut", headers=a).json()
+        assert after == before  # turns and messages as before the dropped turn
+        retry = http.post(url, json=_body(model, "twice", session_id="cut"), headers=a)
+        assert retry.json()["session"]["turns"] == 2, retry.text
+        kept = http.get(served.base + "/sessions/cut", headers=a).json()["messages"]
+        assert [m["content"] for m in kept if m["role"] == "user"] == ["once", "twice"]
+    assert "client gone mid-reply" in served.log
+    assert "Traceback" not in served.log
+
+
+def test_the_sessions_folder_is_sinklabs_own(chat_dir, tmp_path, capsys):
+    mine = tmp_path / "project"
+    mine.mkdir()
+    (mine / "package.json").write_text('{"name": "mine"}')
+    run = run_main(capsys, "serve", *_args(chat_dir, mine))
+    assert_one_line_error(run, "holds files sinklab did not make")
+    assert sorted(p.name for p in mine.iterdir()) == ["package.json"]
+    folder = tmp_path / "sessions"
+    server = Served(*_args(chat_dir, folder))
+    try:
+        assert (folder / MARKER).is_file()
+        (folder / "package.json").write_text('{"name": "mine"}')  # a user's file, put there
+        url, a = server.base + "/chat/completions", _auth("key-a")
+        with httpx.Client(timeout=60) as http:
+            made = http.post(url, json=_body(str(chat_dir), "hi", session_id="package"), headers=a)
+            assert made.status_code == 200
+            stem = SessionStore.stem(server_tenant("key-a"), "package")
+            assert (folder / f"{stem}.json").is_file()
+            assert http.delete(server.base + "/sessions/package", headers=a).status_code == 200
+            assert not (folder / f"{stem}.json").exists()
+            _refused(http.delete(server.base + "/sessions/package", headers=a), 404, "no session")
+        assert (folder / "package.json").read_text() == '{"name": "mine"}'
+    finally:
+        server.stop()
+    (folder / "config.json").write_text('{"mine": true}')
+    again = Served(*_args(chat_dir, folder, "--metrics-key", "watcher"))
+    try:
+        assert "session file config.json refused" in again.log
+        with httpx.Client(timeout=60) as http:
+            url = again.base + "/chat/completions"
+            assert http.post(url, json=_body(str(chat_dir), "hi"), headers=_auth("key-b"))
+            plain = http.get(again.url + "/metrics", headers=_auth("key-a")).text
+            per_key = http.get(again.url + "/metrics", headers=_auth("watcher")).text
+            assert http.get(again.url + "/metrics").status_code == 401
+        assert "tenant=" not in plain and "sinklab_sessions 1" in plain
+        tenant = server_tenant("key-b")
+        assert f'sinklab_key_sessions{{tenant="{tenant}"}} 1' in per_key
+    finally:
+        again.stop()
+    assert (folder / "config.json").read_text() == '{"mine": true}'
+    assert (folder / "package.json").read_text() == '{"name": "mine"}'
+    assert "Traceback" not in again.log
+
+
+def server_tenant(key: str) -> str:
+    from sinklab.serve.config import tenant_of
+
+    return tenant_of(key)
+
+
+@pytest.mark.skipif(os.geteuid() != 0 and os.access("/", os.W_OK), reason="needs a read-only dir")
+def test_delete_on_a_read_only_folder_keeps_memory_and_disk_consistent(chat_dir, tmp_path):
+    folder = tmp_path / "sessions"
+    caps = "-dac_override,-dac_read_search"
+    prefix = ("setpriv", f"--bounding-set={caps}", f"--inh-caps={caps}", "--")
+    server = Served(*_args(chat_dir, folder), prefix=prefix if os.geteuid() == 0 else ())
+    try:
+        url, a = server.base + "/chat/completions", _auth("key-a")
+        with httpx.Client(timeout=60) as http:
+            assert http.post(url, json=_body(str(chat_dir), "hi", session_id="ro"), headers=a)
+            files = _snapshot(folder)
+            folder.chmod(0o555)
+            try:
+                resp = http.delete(server.base + "/sessions/ro", headers=a)
+                _refused(resp, 503, "not deleted")
+                assert http.get(server.base + "/sessions/ro", headers=a).json()["turns"] == 1
+                assert _snapshot(folder) == files
+            finally:
+                folder.chmod(0o755)
+            assert http.delete(server.base + "/sessions/ro", headers=a).status_code == 200
+            assert sorted(_snapshot(folder)) == [MARKER]
+    finally:
+        server.stop()
+    assert "Traceback" not in server.log
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["--api-key", "clé"], "printable ASCII"),
+        (["--api-key", "k", "--metrics-key", "mé"], "printable ASCII"),
+        (["--session-ttl", "0"], "--session-ttl"),
+        (["--prefill-chunk", "0"], "--prefill-chunk"),
+    ],
+)
+def test_bad_serve_options_are_one_line(capsys, args, needle):
+    assert_one_line_error(run_main(capsys, "serve", *args), needle)
