@@ -16,6 +16,7 @@ from sinklab.commands.common import (
     NSinkOpt,
     OutputFormat,
     PrependOpt,
+    QuantizeOpt,
     SeedOpt,
     TrustOpt,
     WindowOpt,
@@ -50,6 +51,7 @@ def generate(
     ] = None,
     trust_remote_code: TrustOpt = False,
     dtype: DtypeOpt = "float32",
+    quantize: QuantizeOpt = "none",
     device: DeviceOpt = "cpu",
     prepend: PrependOpt = None,
     fmt: FormatOpt = OutputFormat.text,
@@ -77,7 +79,7 @@ def generate(
         raise SinklabError("the prompt is empty; pass some text to continue")
     if out is not None:
         out = check_out(out, "generate")
-    loaded = load(model, dtype, device, trust_remote_code)
+    loaded = load(model, dtype, device, trust_remote_code, quantize)
     import torch
 
     first = first_token(loaded.tokenizer, prepend)
