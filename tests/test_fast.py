@@ -29,10 +29,11 @@ from streamref import naive_logits
 
 
 def four_bit(weight: torch.Tensor, seed: int = 0) -> torch.Tensor:
-    """A weight of the same shape made of 4-bit groups of 32 (w = q * d + m), as a Q4 GGUF's."""
+    """A weight of the same shape made of 4-bit groups of 32 (w = q * d + m), as a Q4_1 GGUF's."""
     g = torch.Generator().manual_seed(seed)
     n, k = weight.shape
     q = torch.randint(0, 16, (n, k // 32, 32), generator=g).float()
+    q[..., 0], q[..., 1] = 0, 15  # a Q4_1 block spans its codes (its min and max are stored)
     d = torch.rand(n, k // 32, 1, generator=g) * 0.02 + 1e-3
     m = -torch.rand(n, k // 32, 1, generator=g) * 0.15
     return (q * d + m).reshape(n, k)
