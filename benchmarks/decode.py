@@ -18,8 +18,8 @@ average are recorded. llama.cpp is not an arm (never a dependency): its figure i
 ``benchmarks/results/2026-12-03/serve-vs-llama-cpp.json``.
 
 Usage: python benchmarks/decode.py [--models smollm2-135m,qwen2.5-0.5b] [--arms float32,int4,
-       dynamic-cache] [--steps 24] [--rounds 3] [--prompt 300] [--n-sink 4] [--window 252]
-       [--threads 2] [--out FILE.json]
+       dynamic-cache] [--skip MODEL:ARM,...] [--steps 24] [--rounds 3] [--prompt 300]
+       [--n-sink 4] [--window 252] [--threads 2] [--out FILE.json]
 """
 
 from __future__ import annotations
@@ -199,6 +199,7 @@ def main(argv: list[str] | None = None) -> dict:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--models", default="smollm2-135m,qwen2.5-0.5b")
     p.add_argument("--arms", default=",".join(ARMS))
+    p.add_argument("--skip", default="", help="MODEL:ARM pairs not to run, e.g. qwen2.5-0.5b:int4")
     p.add_argument("--steps", type=int, default=24)
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--prompt", type=int, default=300)
@@ -226,6 +227,8 @@ def main(argv: list[str] | None = None) -> dict:
         order = arms if r % 2 == 0 else arms[::-1]
         for model in models:
             for arm in order:
+                if f"{model}:{arm}" in args.skip.split(","):
+                    continue
                 spec = {k: getattr(args, k) for k in keys} | {"model": model, "arm": arm}
                 cmd = [sys.executable, __file__, "--worker", json.dumps(spec)]
                 t0, c0 = time.perf_counter(), os.times()
@@ -246,7 +249,8 @@ def main(argv: list[str] | None = None) -> dict:
 
     report = {
         "benchmark": "decode",
-        "params": {k: getattr(args, k) for k in keys} | {"models": models, "arms": arms},
+        "params": {k: getattr(args, k) for k in keys}
+        | {"models": models, "arms": arms, "skip": args.skip},
         "rounds": args.rounds,
         "summary": summarize(runs),
         "machine": cpu_facts() | {"nproc": os.cpu_count()},
