@@ -183,3 +183,30 @@ def test_serve_prefill_benchmark_on_a_tiny_model(tmp_path, tiny_model_dir):
     assert result["max_abs_logit_diff"] <= 1e-4
     assert set(result["median_seconds"]) == {"alone", "together"}
     assert result["together_over_alone"] > 0
+
+
+DECODE = Path(__file__).resolve().parents[1] / "benchmarks" / "decode.py"
+
+
+def test_decode_benchmark_runs_every_arm_on_a_tiny_model(tmp_path, tiny_model_dir):
+    """benchmarks/decode.py end to end (fresh processes, 1 round) on a tiny model: every arm at
+    N = 1 and 8, the summary's ratios computed from its own medians."""
+    import subprocess
+    import sys
+
+    out = tmp_path / "decode.json"
+    cmd = [sys.executable, str(DECODE), "--models", str(tiny_model_dir("llama")), "--rounds", "1"]
+    cmd += ["--steps", "4", "--prompt", "20", "--window", "10", "--threads", "1", "--out", str(out)]
+    subprocess.run(cmd, check=True, capture_output=True, timeout=300)
+    report = json.loads(out.read_text())
+    rows = report["summary"][str(tiny_model_dir("llama"))]
+    assert set(rows) == {"float32", "int4", "dynamic-cache"}
+    assert rows["int4"]["path"]["quantize"] == "none"  # random weights are not 4-bit: kept
+    for row in rows.values():
+        assert row["ms_per_token_n1"] > 0 and row["tokens_per_s_n8"] > 0
+        assert len(row["tokens_n1"]) == 5
+        want = rows["float32"]["ms_per_token_n1"] / row["ms_per_token_n1"]
+        assert row["speedup_n1_vs_float32"] == pytest.approx(want, abs=1e-3)
+    assert rows["float32"]["first_token_unlike_float32"] is None
+    assert report["machine"]["nproc"] and "flags" in report["machine"]
+    assert len(report["runs"]) == 3 and report["load_average_at_end"]

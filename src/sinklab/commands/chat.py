@@ -15,6 +15,7 @@ from sinklab.commands.common import (
     DtypeOpt,
     ModelOpt,
     PrependOpt,
+    QuantizeOpt,
     SeedOpt,
     TrustOpt,
     load,
@@ -197,6 +198,7 @@ def chat(
     ] = None,
     trust_remote_code: TrustOpt = False,
     dtype: DtypeOpt = "float32",
+    quantize: QuantizeOpt = "none",
     device: DeviceOpt = "cpu",
     server: Annotated[
         str | None,
@@ -233,7 +235,7 @@ def chat(
         session = RemoteChat(server, api_key, max_new_tokens, temperature)
         name = f"{session.model} at {server}"
     else:
-        loaded = load(model, dtype, device, trust_remote_code)
+        loaded = load(model, dtype, device, trust_remote_code, quantize)
         session = ChatSession(loaded.model, loaded.tokenizer, config)
         name = f"{loaded.info.name}, {n_sink} sinks + {window} window"
     if interactive:

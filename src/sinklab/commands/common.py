@@ -102,6 +102,14 @@ SeedOpt = Annotated[
 DtypeOpt = Annotated[
     str, typer.Option("--dtype", help="Weights and compute: float32, bfloat16 or float16.")
 ]
+QuantizeOpt = Annotated[
+    str,
+    typer.Option(
+        "--quantize",
+        help="Linear layers on 4-bit weights (the fast decode path, docs/benchmarks.md#decode): "
+        "none, int4, or auto (int4 on a CPU with AVX-512 bfloat16, else none).",
+    ),
+]
 DeviceOpt = Annotated[
     str,
     typer.Option(
@@ -198,16 +206,22 @@ def given(ctx: typer.Context, name: str) -> bool:
     return source is not None and source.name not in ("DEFAULT", "DEFAULT_MAP")
 
 
-def load(model: str | None, dtype: str, device: str, trust_remote_code: bool) -> Any:
+def load(
+    model: str | None, dtype: str, device: str, trust_remote_code: bool, quantize: str = "none"
+) -> Any:
     """Load ``--model`` for a command (a status line on stderr while it loads). Registers the
     lab's model types first, explicitly: to the commands a saved lab checkpoint is a model like
-    any other (:func:`sinklab.lab.register`; library users call it themselves)."""
+    any other (:func:`sinklab.lab.register`; library users call it themselves). ``quantize``:
+    ``--quantize``, the fast decode path (:func:`sinklab.models.fast.load_fast`)."""
     from sinklab.lab import register
+    from sinklab.models.fast import choose, load_fast
     from sinklab.models.loading import load_model
 
+    choose(quantize, device)  # a bad --quantize fails before the model loads
     with stderr.status("loading model"):
         register()
-        return load_model(model, dtype=dtype, device=device, trust_remote_code=trust_remote_code)
+        loaded = load_model(model, dtype=dtype, device=device, trust_remote_code=trust_remote_code)
+        return load_fast(loaded, quantize, device)
 
 
 POSITION_RULE = "sinklab never runs a model on more positions than it has"

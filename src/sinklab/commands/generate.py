@@ -16,6 +16,7 @@ from sinklab.commands.common import (
     NSinkOpt,
     OutputFormat,
     PrependOpt,
+    QuantizeOpt,
     SeedOpt,
     TrustOpt,
     WindowOpt,
@@ -82,6 +83,7 @@ def generate(
     ] = None,
     trust_remote_code: TrustOpt = False,
     dtype: DtypeOpt = "float32",
+    quantize: QuantizeOpt = "none",
     device: DeviceOpt = "cpu",
     prepend: PrependOpt = None,
     fmt: FormatOpt = OutputFormat.text,
@@ -124,7 +126,7 @@ def generate(
         raise SinklabError("the prompt is empty; pass some text to continue")
     if out is not None:
         out = check_out(out, "generate")
-    loaded = load(model, dtype, device, trust_remote_code)
+    loaded = load(model, dtype, device, trust_remote_code, quantize)
     import torch
 
     first, prompt_tokens, templated = prompt_ids(loaded.tokenizer, text, prepend, raw)

@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from sinklab.commands.common import DeviceOpt, DtypeOpt, ModelOpt, TrustOpt, load
+from sinklab.commands.common import DeviceOpt, DtypeOpt, ModelOpt, QuantizeOpt, TrustOpt, load
 from sinklab.commands.stream import NSinkOpt, WindowOpt
 
 
@@ -75,6 +75,7 @@ def serve(
     ] = 64,
     trust_remote_code: TrustOpt = False,
     dtype: DtypeOpt = "float32",
+    quantize: QuantizeOpt = "none",
     device: DeviceOpt = "cpu",
 ) -> None:
     """Serve the model with OpenAI's chat-completions API, each conversation a session in a
@@ -123,7 +124,7 @@ def serve(
         SessionStore(folder, {}, log_line).claim()  # sinklab's own folder, or refused now
     sock = bind(config)
     try:
-        loaded = load(model, dtype, device, trust_remote_code)
+        loaded = load(model, dtype, device, trust_remote_code, quantize)
         run(config, sock, loaded, log_line)
     finally:
         sock.close()

@@ -16,6 +16,7 @@ from sinklab.commands.common import (
     NSinkOpt,
     OutputFormat,
     PrependOpt,
+    QuantizeOpt,
     TextOpt,
     TrustOpt,
     WindowOpt,
@@ -72,6 +73,7 @@ def stream(
     ] = Path("sinklab-stream"),
     trust_remote_code: TrustOpt = False,
     dtype: DtypeOpt = "float32",
+    quantize: QuantizeOpt = "none",
     device: DeviceOpt = "cpu",
     method: Annotated[
         str,
@@ -128,7 +130,7 @@ def stream(
     config = run.config
     out = check_out(out, "stream")
     txt = load_text(text)
-    loaded = load(model, dtype, device, trust_remote_code)
+    loaded = load(model, dtype, device, trust_remote_code, quantize)
     if "dense" in config.policies:
         check_positions(loaded.info, tokens, "--tokens", " (the dense policy keeps them all)")
     chosen, _ = config.check_model(loaded.model)  # refusals here, before any work
