@@ -24,10 +24,14 @@ models_app = typer.Typer(  # its help: the callback's docstring
 )
 
 
-def _license(name: str, text: object | None) -> str:
-    """A model's license line, with the path of its text where it was installed."""
-    line = zoo_model(name).license_line()
-    return f"{line}; its text: {text}" if text else line
+def _license(name: str, text: object | None) -> list[str]:
+    """A model's license note: its name, where to read it and, where it was installed, the path
+    of its text, one short line each so that it reads whole at 80 columns."""
+    model = zoo_model(name)
+    if model.open_license:
+        return [f"{name}: {model.license}"]
+    lines = [f"{name}: {model.license} (not an open-source license)", f"  read it: {model.license_url}"]
+    return lines + ([f"  its text: {text}"] if text else [])
 
 
 def _yes(flag: bool) -> str:
@@ -68,7 +72,7 @@ def models(ctx: typer.Context, fmt: FormatOpt = OutputFormat.text) -> None:
     print_table(table)
     for row in rows:
         if not row["open_license"]:
-            emit(f"{row['name']}: {_license(row['name'], row['license_file'])}")
+            emit(*_license(row["name"], row["license_file"]))
     missing = [r["name"] for r in rows if not r["installed"]]
     if missing:
         emit(f"install with: sinklab models install {' '.join(missing)}")
@@ -102,7 +106,7 @@ def install(
         emit(f"{model.name}: {state} (float32 copy: {done.folder})")
         if not model.open_license:
             text = done.license_file if done.license_file and done.license_file.is_file() else None
-            emit(f"{model.name}: {_license(model.name, text)}")
+            emit(*_license(model.name, text))
 
 
 def register(app: typer.Typer) -> None:
