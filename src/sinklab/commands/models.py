@@ -30,7 +30,8 @@ def _license(name: str, text: object | None) -> list[str]:
     model = zoo_model(name)
     if model.open_license:
         return [f"{name}: {model.license}"]
-    lines = [f"{name}: {model.license} (not an open-source license)", f"  read it: {model.license_url}"]
+    lines = [f"{name}: {model.license} (not an open-source license)"]
+    lines.append(f"  read it: {model.license_url}")
     return lines + ([f"  its text: {text}"] if text else [])
 
 

