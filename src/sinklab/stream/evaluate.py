@@ -30,7 +30,7 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from functools import partial
 from typing import Any
@@ -46,6 +46,7 @@ from sinklab.progress import Progress, ProgressFor, quiet, quiet_for
 from sinklab.stream.band import DEFAULT_CHUNK, chunked_nll, chunked_refusal
 from sinklab.stream.cache import CacheConfig, SinkCache
 from sinklab.stream.oracle import recompute_nll, recompute_nll_batched
+from sinklab.stream.policy import cache_policies
 from sinklab.stream.summary import (
     BLOCK_FIGURE,
     FIGURE,
@@ -115,7 +116,7 @@ class StreamConfig:
         ``method="chunked"`` cannot serve (one-line reason). ``dense`` moves no key, so it alone
         streams every model. -> :meth:`choose_method`'s (method, why)."""
         for cache in self._caches():
-            if cache.policy != "dense":
+            if cache.capacity is not None:  # dense moves no key
                 SinkCache(model, cache)
         return self.choose_method(model)
 
@@ -350,15 +351,31 @@ class Policy:
     cache: str | None
 
 
-#: Every policy, in the order ``--policy all``, the report and the figures use: adding a policy
-#: adds its row here (and, for a new kind of cache, its rule in :mod:`sinklab.stream.policy`).
-POLICIES: dict[str, Policy] = {
-    "dense": Policy(partial(_cached, policy="dense"), "dense"),
-    "window": Policy(partial(_cached, policy="window"), "window"),
-    "sink": Policy(partial(_cached, policy="sink"), "sink"),
-    "sink-auto": Policy(_sink_auto, "sink"),
-    "recompute": Policy(_recompute, None),
-}
+class _Policies(Mapping[str, Policy]):
+    """Every streaming policy, in the order ``--policy all``, the report and the figures use:
+    each registered cache policy (:mod:`sinklab.stream.policy`; adding one there adds it here),
+    then the recompute oracle. ``sink-auto`` first chooses its sinks with the probe."""
+
+    def _all(self) -> dict[str, Policy]:
+        out = {
+            name: Policy(_sink_auto, "sink")
+            if name == "sink-auto"
+            else Policy(partial(_cached, policy=name), name)
+            for name in cache_policies()
+        }
+        return {**out, "recompute": Policy(_recompute, None)}
+
+    def __getitem__(self, name: str) -> Policy:
+        return self._all()[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._all())
+
+    def __len__(self) -> int:
+        return len(self._all())
+
+
+POLICIES: Mapping[str, Policy] = _Policies()
 
 
 def run_policy(
