@@ -17,7 +17,7 @@ import pytest
 SRC = Path(__file__).resolve().parents[1] / "src"
 PKG = SRC / "sinklab"
 
-# Layers, lowest first (docs/architecture.md#layers): a module may import its own package or a
+# Layers, lowest first (docs/layout.md#layers): a module may import its own package or a
 # lower layer, never a higher one. Every top-level module but the CLI's is core.
 ORDER = (
     "core",
