@@ -6,19 +6,21 @@ Arms, each in a fresh process, alternating over rounds, medians:
   the prompt longer than that, so every step evicts), weights as loaded;
 * ``int4``: the same loop after ``sinklab.models.fast.apply(model, "int4")`` (``--quantize
   int4``: the linear layers whose weights already are 4-bit groups on torch's int4 CPU kernel);
+* ``int8``: the same loop after ``fast.apply(model, "int8")`` (every linear layer, the head
+  included, on per-row int8 weights, torch's int8 CPU kernel);
 * ``dynamic-cache``: plain ``model.generate`` with transformers' ``DynamicCache``, float32,
   greedy, every decode step timed by a streamer (its prefill not counted); it keeps the whole
   prompt, so its tokens differ from the evicting arms' by design.
 
 Per arm and model: ms a token at N = 1 (median over the decode steps of the process, then the
 median over rounds) and aggregate tokens/s at N = 8 (8 rows decoding one token a step), with
-CPU seconds beside wall seconds. Greedy tokens at N = 1 are recorded, so the int4 arm's first
+CPU seconds beside wall seconds. Greedy tokens at N = 1 are recorded, so a fast arm's first
 token that differs from float32 is in the output. The CPU's model and flags, nproc and the load
 average are recorded. llama.cpp is not an arm (never a dependency): its figure is cited from
 ``benchmarks/results/2026-12-03/serve-vs-llama-cpp.json``.
 
 Usage: python benchmarks/decode.py [--models smollm2-135m,qwen2.5-0.5b] [--arms float32,int4,
-       dynamic-cache] [--skip MODEL:ARM,...] [--steps 24] [--rounds 3] [--prompt 300]
+       int8,dynamic-cache] [--skip MODEL:ARM,...] [--steps 24] [--rounds 3] [--prompt 300]
        [--n-sink 4] [--window 252] [--threads 2] [--out FILE.json]
 """
 
@@ -36,7 +38,7 @@ from pathlib import Path
 
 from sinklab.meta import dumps_json, write_json_atomic
 
-ARMS = ("float32", "int4", "dynamic-cache")
+ARMS = ("float32", "int4", "int8", "dynamic-cache")
 WIDE = 8  # rows of the batched arm
 
 
@@ -129,8 +131,8 @@ def worker(spec: dict) -> dict:
     t0 = time.perf_counter()
     loaded = load_model(spec["model"])
     path = {"quantize": "none"}
-    if spec["arm"] == "int4":
-        path = fast.apply(loaded.model, "int4").to_json()
+    if spec["arm"] in ("int4", "int8"):
+        path = fast.apply(loaded.model, spec["arm"]).to_json()
         path.pop("cpu")
     load_s = time.perf_counter() - t0
     out = {"arm": spec["arm"], "model": spec["model"], "load_s": round(load_s, 2), "path": path}

@@ -200,8 +200,9 @@ def test_decode_benchmark_runs_every_arm_on_a_tiny_model(tmp_path, tiny_model_di
     subprocess.run(cmd, check=True, capture_output=True, timeout=300)
     report = json.loads(out.read_text())
     rows = report["summary"][str(tiny_model_dir("llama"))]
-    assert set(rows) == {"float32", "int4", "dynamic-cache"}
+    assert set(rows) == {"float32", "int4", "int8", "dynamic-cache"}
     assert rows["int4"]["path"]["quantize"] == "none"  # random weights are not 4-bit: kept
+    assert rows["int8"]["path"]["quantize"] == "int8" and rows["int8"]["path"]["int8"]
     for row in rows.values():
         assert row["ms_per_token_n1"] > 0 and row["tokens_per_s_n8"] > 0
         assert len(row["tokens_n1"]) == 5
@@ -209,4 +210,4 @@ def test_decode_benchmark_runs_every_arm_on_a_tiny_model(tmp_path, tiny_model_di
         assert row["speedup_n1_vs_float32"] == pytest.approx(want, abs=1e-3)
     assert rows["float32"]["first_token_unlike_float32"] is None
     assert report["machine"]["nproc"] and "flags" in report["machine"]
-    assert len(report["runs"]) == 3 and report["load_average_at_end"]
+    assert len(report["runs"]) == 4 and report["load_average_at_end"]

@@ -106,8 +106,9 @@ QuantizeOpt = Annotated[
     str,
     typer.Option(
         "--quantize",
-        help="Linear layers on 4-bit weights (the fast decode path, docs/benchmarks.md#decode): "
-        "none, int4, or auto (int4 on a CPU with AVX-512 bfloat16, else none).",
+        help="The fast decode path (docs/benchmarks.md#decode): none; int8 (every linear layer "
+        "on 8-bit weights); int4 (4-bit where the weights already are, bfloat16 elsewhere); or "
+        "auto (on a CPU with AVX-512 bfloat16: int4 for a 4-bit model, else int8; else none).",
     ),
 ]
 DeviceOpt = Annotated[

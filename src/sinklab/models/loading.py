@@ -79,7 +79,7 @@ class ModelInfo:
     dtype: str
     weights_sha256: str | None  # hash of the weights file the model came from, where there is one
     bos_token_id: int | None
-    quantize: str = "none"  # the fast decode path (sinklab.models.fast): none or int4
+    quantize: str = "none"  # the fast decode path (sinklab.models.fast): none, int8 or int4
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
