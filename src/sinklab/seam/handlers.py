@@ -70,5 +70,14 @@ class AttentionHandler:
         """Read one whole layer on the observation path (only when :attr:`fused_needs` is set)."""
         raise NotImplementedError(f"{type(self).__name__} sets fused_needs but reads no layer")
 
+    def slot_order_reason(self, fixed: frozenset[int]) -> str | None:
+        """Why this handler cannot run on keys held out of text order, or None when it can.
+
+        A StreamingLLM cache (:class:`sinklab.stream.SinkCache`) writes its window in ring order,
+        so a key index means a stream position only for the sinks that sit at their own slot
+        (``fixed``). A handler whose weights depend on which key is which beyond those (a
+        position to mask, each query's own key) says why here, and the cache refuses it."""
+        return None
+
     def routed(self, layer: int, route: Route) -> None:
         """Told which path ``layer``'s attention takes (before it runs)."""

@@ -97,6 +97,16 @@ class MaskSink(_Intervention):
         super().__post_init__()
         object.__setattr__(self, "positions", _index_set(self.positions, "positions"))
 
+    def slot_order_reason(self, fixed: frozenset[int]) -> str | None:
+        extra = sorted(self.positions - fixed)
+        if not extra:
+            return None
+        return (
+            f"mask_sink positions {extra} are not sinks of this cache, which holds its window in "
+            f"ring order, so a window position has no fixed key slot; mask sink positions "
+            f"({sorted(fixed) or 'none here'}) or stream with the dense policy"
+        )
+
     def transform(self, chunk: AttentionChunk) -> None:
         w = chunk.weights  # (B, H, c, Tk)
         tk = w.shape[-1]
@@ -209,6 +219,12 @@ class AttentionReplace(_Intervention):
     def __post_init__(self) -> None:
         super().__post_init__()
         _check_lam(self.lam, "0 = diagonal, 1 = uniform causal")
+
+    def slot_order_reason(self, fixed: frozenset[int]) -> str | None:
+        return (
+            "attention_replace reads each query's own key, which a sink cache holds at a ring "
+            "slot, not the last one; run it on a full forward or stream with the dense policy"
+        )
 
     def transform(self, chunk: AttentionChunk) -> None:
         w = chunk.weights  # (B, H, c, Tk)

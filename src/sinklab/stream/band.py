@@ -50,7 +50,7 @@ from sinklab.errors import SinklabError, check_positive
 from sinklab.models.arch import attention_modules, decoder_config, input_device, layer_kinds
 from sinklab.models.rotary import Rope
 from sinklab.progress import Progress, quiet
-from sinklab.seam import check_supported
+from sinklab.seam import bound_handlers, check_supported
 from sinklab.stream.cache import CacheConfig, SinkCache
 
 BAND_ATTN = "sinklab_band"
@@ -321,8 +321,13 @@ def chunked_refusal(model: nn.Module, cache_config: CacheConfig) -> str | None:
     the order they are checked: what :class:`SinkCache` refuses (the step loop refuses it too); a
     model whose attention does not go through transformers' ``AttentionInterface``, or whose
     layers' attention modules cannot be found; attention that is neither plain softmax nor
-    softmax with learned sink logits (the lab's variants). Sliding-window layers (every layer or
-    some: :func:`layer_bands`), NoPE layers and gpt-oss's sink logits are served."""
+    softmax with learned sink logits (the lab's variants); attention handlers bound to the model
+    (an intervention of :mod:`sinklab.seam.interventions`, or any other handler): the band
+    function scores each query against its own kept keys and never forms the weights a handler
+    changes or reads, so it refuses rather than silently ignore them, and ``auto`` takes the step
+    loop, which runs them on the cache's keys (docs/streaming.md#methods). Sliding-window layers
+    (every layer or some: :func:`layer_bands`), NoPE layers and gpt-oss's sink logits are
+    served."""
     try:
         SinkCache(model, cache_config)  # the same refusals (architecture, sizes) as step
     except SinklabError as exc:
@@ -331,6 +336,12 @@ def chunked_refusal(model: nn.Module, cache_config: CacheConfig) -> str | None:
         check_supported(model)
     except SinklabError as exc:
         return str(exc)
+    bound = next((h for m in model.modules() for h in bound_handlers(m)), None)
+    if bound is not None:
+        return (
+            f"chunked streaming does not run attention handlers, and {type(bound).__name__} is "
+            f"bound to this model (an intervention, e.g. mask_sink or attention_mix); {STEP}"
+        )
     modules = attention_modules(model)
     if modules is None:
         return (

@@ -65,6 +65,7 @@ from sinklab.models.arch import (
     layer_kinds,
 )
 from sinklab.models.rotary import rope_of
+from sinklab.seam import bound_handlers
 from sinklab.stream.layer import SinkLayer, SlidingLayer, Step
 from sinklab.stream.policy import CACHE_POLICIES, CacheConfig, kept_positions
 from sinklab.stream.slots import Plan, Row, plan_columns, plan_ring, real_tokens, ring_slots
@@ -78,6 +79,17 @@ __all__ = [
     "StreamState",
     "kept_positions",
 ]
+
+
+def _check_handlers(model: Any, sinks: tuple[int, ...]) -> None:
+    """Refuse an attention handler bound to ``model`` that needs keys in text order: the cache
+    writes its window in ring order, and only a sink at its own slot keeps its index
+    (docs/streaming.md#methods)."""
+    fixed = frozenset(s for j, s in enumerate(sorted(sinks)) if s == j)
+    handlers = {id(h): h for m in model.modules() for h in bound_handlers(m)}
+    for handler in handlers.values():
+        if (reason := handler.slot_order_reason(fixed)) is not None:
+            raise SinklabError(reason)
 
 
 class SinkCache(Cache):
@@ -112,6 +124,8 @@ class SinkCache(Cache):
         self.capacity = cap
         self.max_position = max_pos
         self.sinks = self.config.sinks
+        if cap is not None:
+            _check_handlers(model, self.sinks)
         self.recent = self.config.recent
         self._eager = getattr(text_cfg, "_attn_implementation", None) == "eager"
         self._device, self._dtype = input_device(model), compute_dtype(model)
