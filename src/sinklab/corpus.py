@@ -57,6 +57,16 @@ class Text:
     def sha256(self) -> str:
         return hashlib.sha256(self.text.encode("utf-8")).hexdigest()
 
+    # a Text reads like its string: len(), slicing and str() give the text itself
+    def __len__(self) -> int:
+        return len(self.text)
+
+    def __getitem__(self, index: int | slice) -> str:
+        return self.text[index]
+
+    def __str__(self) -> str:
+        return self.text
+
     def to_json(self) -> dict[str, Any]:
         return {
             "name": self.name,
