@@ -8,6 +8,12 @@ Arms, each in a fresh process, alternating over rounds, medians:
   int4``: the linear layers whose weights already are 4-bit groups on torch's int4 CPU kernel);
 * ``int8``: the same loop after ``fast.apply(model, "int8")`` (every linear layer, the head
   included, on per-row int8 weights, torch's int8 CPU kernel);
+* ``llama-cpp`` (only with ``--llama-cpp PYTHON``: a venv of its own with ``llama-cpp-python``,
+  never a dependency; docs/benchmarks.md#decode says how it was built): llama.cpp on the same
+  GGUF the zoo model was dequantized from, the same prompt token ids, greedy, each ``eval`` of
+  one token timed; at N = 8, eight contexts in one process each decode one token a step in turn
+  (llama-cpp-python's API decodes one sequence per call). It keeps the whole prompt (n_ctx
+  1024), as ``dynamic-cache`` does;
 * ``dynamic-cache``: plain ``model.generate`` with transformers' ``DynamicCache``, float32,
   greedy, every decode step timed by a streamer (its prefill not counted); it keeps the whole
   prompt, so its tokens differ from the evicting arms' by design.
@@ -16,12 +22,12 @@ Per arm and model: ms a token at N = 1 (median over the decode steps of the proc
 median over rounds) and aggregate tokens/s at N = 8 (8 rows decoding one token a step), with
 CPU seconds beside wall seconds. Greedy tokens at N = 1 are recorded, so a fast arm's first
 token that differs from float32 is in the output. The CPU's model and flags, nproc and the load
-average are recorded. llama.cpp is not an arm (never a dependency): its figure is cited from
-``benchmarks/results/2026-12-03/serve-vs-llama-cpp.json``.
+average are recorded. Without ``--llama-cpp`` no llama.cpp figure is measured, and none from
+another machine is a ratio of this run.
 
 Usage: python benchmarks/decode.py [--models smollm2-135m,qwen2.5-0.5b] [--arms float32,int4,
-       int8,dynamic-cache] [--skip MODEL:ARM,...] [--steps 24] [--rounds 3] [--prompt 300]
-       [--n-sink 4] [--window 252] [--threads 2] [--out FILE.json]
+       int8,dynamic-cache[,llama-cpp]] [--llama-cpp PYTHON] [--skip MODEL:ARM,...] [--steps 24]
+       [--rounds 3] [--prompt 300] [--n-sink 4] [--window 252] [--threads 2] [--out FILE.json]
 """
 
 from __future__ import annotations
@@ -38,7 +44,8 @@ from pathlib import Path
 
 from sinklab.meta import dumps_json, write_json_atomic
 
-ARMS = ("float32", "int4", "int8", "dynamic-cache")
+ARMS = ("float32", "int4", "int8", "dynamic-cache", "llama-cpp")
+DEFAULT_ARMS = ARMS[:-1]  # llama-cpp runs only where --llama-cpp names its venv
 WIDE = 8  # rows of the batched arm
 
 
@@ -124,6 +131,9 @@ def worker(spec: dict) -> dict:
     """One process, one arm, one model: N = 1 then N = 8."""
     import torch
 
+    if spec["arm"] == "llama-cpp":
+        return _llama_cpp(spec)
+
     from sinklab.models import fast
     from sinklab.models.loading import load_model
 
@@ -146,6 +156,65 @@ def worker(spec: dict) -> dict:
             out[f"n{n}"] = res
     out["peak_rss_mb"] = _peak_rss_mb()
     return out
+
+
+# run by the llama-cpp venv's python: argv[1] is a JSON spec; prints one JSON line
+_LLAMA_SCRIPT = r"""
+import json, statistics, sys, time
+from llama_cpp import Llama
+
+spec = json.loads(sys.argv[1])
+def make():
+    return Llama(model_path=spec["gguf"], n_ctx=1024, n_threads=spec["threads"],
+                 n_threads_batch=spec["threads"], verbose=False, logits_all=False)
+out = {"version": __import__("llama_cpp").__version__}
+for n in (1, 8):
+    llms = [make() for _ in range(n)]
+    nxt = []
+    for llm, prompt in zip(llms, spec["prompts"][:n]):
+        llm.eval(prompt)
+        nxt.append(int(llm.scores[llm.n_tokens - 1].argmax()))
+    wall, cpu, tokens = [], [], [nxt[0]]
+    for _ in range(spec["steps"]):
+        t0, c0 = time.perf_counter(), time.process_time()
+        for i, llm in enumerate(llms):
+            llm.eval([nxt[i]])
+            row = llm.scores[llm.n_tokens - 1]
+            nxt[i] = int(row.argmax())
+        wall.append(time.perf_counter() - t0)
+        cpu.append(time.process_time() - c0)
+        tokens.append(nxt[0])
+    out[f"n{n}"] = {"step_wall_s": statistics.median(wall), "step_cpu_s": statistics.median(cpu),
+                    "kept": len(spec["prompts"][0]) + spec["steps"], "tokens": tokens}
+    del llms
+import resource
+out["peak_rss_mb"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
+print(json.dumps(out))
+"""
+
+
+def _llama_cpp(spec: dict) -> dict:
+    """The llama-cpp arm: the zoo model's GGUF and the same prompts, run in ``spec["llama_cpp"]``
+    (another venv's python)."""
+    from sinklab.models.loading import load_model
+    from sinklab.models.zoo import ZOO, find_gguf
+
+    t0 = time.perf_counter()
+    loaded = load_model(spec["model"])
+    gguf = find_gguf(ZOO[spec["model"]])
+    if gguf is None:
+        raise SystemExit(f"{spec['model']}: no GGUF on this machine for the llama-cpp arm")
+    prompts = _prompts(loaded.tokenizer, WIDE, spec["prompt"])
+    child = {"gguf": str(gguf), "prompts": prompts, "steps": spec["steps"]}
+    child["threads"] = spec["threads"]
+    done = subprocess.run(
+        [spec["llama_cpp"], "-c", _LLAMA_SCRIPT, json.dumps(child)],
+        capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    res = json.loads(done.stdout.strip().splitlines()[-1])
+    path = {"quantize": "gguf", "gguf": gguf.name, "llama_cpp_python": res.pop("version")}
+    load_s = round(time.perf_counter() - t0, 2)
+    return {"arm": "llama-cpp", "model": spec["model"], "load_s": load_s, "path": path} | res
 
 
 def _peak_rss_mb() -> float:
@@ -200,7 +269,8 @@ def summarize(runs: list[dict]) -> dict:
 def main(argv: list[str] | None = None) -> dict:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--models", default="smollm2-135m,qwen2.5-0.5b")
-    p.add_argument("--arms", default=",".join(ARMS))
+    p.add_argument("--arms", default=",".join(DEFAULT_ARMS))
+    p.add_argument("--llama-cpp", default="", help="python of a venv with llama-cpp-python")
     p.add_argument("--skip", default="", help="MODEL:ARM pairs not to run, e.g. qwen2.5-0.5b:int4")
     p.add_argument("--steps", type=int, default=24)
     p.add_argument("--rounds", type=int, default=3)
@@ -220,6 +290,8 @@ def main(argv: list[str] | None = None) -> dict:
     unknown = set(arms) - set(ARMS)
     if unknown:
         p.error(f"unknown arms {sorted(unknown)}; choose from {', '.join(ARMS)}")
+    if "llama-cpp" in arms and not args.llama_cpp:
+        p.error("the llama-cpp arm needs --llama-cpp PYTHON (a venv with llama-cpp-python)")
     models = [m for m in args.models.split(",") if m]
     keys = ("prompt", "steps", "n_sink", "window", "threads")
     runs: list[dict] = []
@@ -232,6 +304,7 @@ def main(argv: list[str] | None = None) -> dict:
                 if f"{model}:{arm}" in args.skip.split(","):
                     continue
                 spec = {k: getattr(args, k) for k in keys} | {"model": model, "arm": arm}
+                spec["llama_cpp"] = args.llama_cpp
                 cmd = [sys.executable, __file__, "--worker", json.dumps(spec)]
                 t0, c0 = time.perf_counter(), os.times()
                 done = subprocess.run(cmd, capture_output=True, text=True, check=True)
