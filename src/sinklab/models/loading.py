@@ -378,7 +378,6 @@ def dequantize(model: ZooModel, gguf: Path, gguf_sha: str) -> Path:
     target = dequantized_dir(model, gguf_sha)
 
     def build(folder: Path) -> None:
-        from safetensors.torch import save_model
         from transformers import AutoModelForCausalLM, AutoTokenizer
         from transformers.utils import logging as hf_logging
 
@@ -395,12 +394,54 @@ def dequantize(model: ZooModel, gguf: Path, gguf_sha: str) -> Path:
         config.architectures = [type(lm).__name__]
         config.name_or_path = f"{model.name} ({gguf.name}, dequantized to float32)"
         config.save_pretrained(folder)
-        save_model(lm, str(folder / "model.safetensors"), metadata={"format": "pt"})
+        save_standard(lm, folder / "model.safetensors")
         tokenizer.save_pretrained(folder)
 
     return cached_build(
         target, build, {"gguf_sha256": gguf_sha}, f"the {model.name} model", {"gguf": str(gguf)}
     )
+
+
+def standard_state_dict(lm: Any) -> dict[str, torch.Tensor]:
+    """The weights as ``save_pretrained`` of ``lm`` writes them: every tensor once, and for a
+    model whose config ties the output head to the input embedding, the embedding kept
+    (``model.embed_tokens.weight``) and the tied head (``lm_head.weight``) dropped.
+
+    Why not safetensors' ``save_model``: of two shared tensors it keeps whichever name it meets
+    first, and for a tied model that was the head, so a checkpoint whose config says
+    ``tie_word_embeddings`` held no embedding; transformers re-ties it on load, other loaders
+    (vLLM) read a missing embedding (docs/models.md#cache-format). A config that says tied while
+    the two tensors differ is refused: which one is right cannot be told."""
+    state = {k: v for k, v in lm.state_dict().items()}
+    tied = bool(getattr(decoder_config(lm), "tie_word_embeddings", False)) or bool(
+        getattr(lm.config, "tie_word_embeddings", False)
+    )
+    head, embed = lm.get_output_embeddings(), lm.get_input_embeddings()
+    if tied and head is not None and embed is not None:
+        names = {id(m): n for n, m in lm.named_modules()}
+        head_key = f"{names[id(head)]}.weight"
+        embed_key = f"{names[id(embed)]}.weight"
+        if head_key != embed_key and head_key in state:
+            if not torch.equal(state[head_key], state[embed_key]):
+                raise SinklabError(
+                    f"the config ties {head_key} to {embed_key} but the two differ; "
+                    "refusing to write a checkpoint that would load as either"
+                )
+            del state[head_key]
+    seen: dict[int, str] = {}
+    out: dict[str, torch.Tensor] = {}
+    for key, tensor in state.items():  # any other shared storage: each tensor its own copy
+        ptr = tensor.data_ptr()
+        out[key] = tensor.detach().clone().contiguous() if ptr in seen else tensor.contiguous()
+        seen.setdefault(ptr, key)
+    return out
+
+
+def save_standard(lm: Any, path: Path) -> None:
+    """Write ``lm``'s :func:`standard_state_dict` to the safetensors file ``path``."""
+    from safetensors.torch import save_file
+
+    save_file(standard_state_dict(lm), str(path), metadata={"format": "pt"})
 
 
 @contextmanager
@@ -436,8 +477,7 @@ def cached_build(
     """
     problem = cache_problem(target, facts) if target.exists() else None
     if target.exists() and problem is None:
-        remove_older_formats(target)  # a copy made before a format bump: gigabytes otherwise
-        return target
+        return target  # older formats were removed when this copy was built, never on each use
     if problem is not None:
         log.warning(
             "sinklab: the cached copy of %s in %s is broken (%s); rebuilding it once",
@@ -464,7 +504,7 @@ def cached_build(
             "rebuilding it did not help; it is safe to delete: remove that folder (or point "
             "SINKLAB_CACHE elsewhere) and run again"
         )
-    remove_older_formats(target)
+    remove_older_formats(target)  # a copy made before a format bump: gigabytes otherwise
     return target
 
 

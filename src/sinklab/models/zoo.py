@@ -22,7 +22,10 @@ from typing import Any
 from sinklab.errors import SinklabError
 from sinklab.offline import cache_dir
 
-CACHE_FORMAT = 2  # bump when the dequantized layout changes (2: its marker lists every file's hash)
+# bump when the dequantized layout changes (2: its marker lists every file's hash; 3: a tied
+# model's checkpoint holds its embedding and no lm_head, as save_pretrained writes it:
+# docs/models.md#cache-format)
+CACHE_FORMAT = 3
 READY = "sinklab.json"  # written last into a dequantized folder: its presence means complete
 
 
