@@ -300,3 +300,22 @@ def test_a_hostile_temperature_beside_a_stream_fails_alone(client, chat_dir, ser
     alone = _ask(client, model, text, temperature=0, max_tokens=40)
     assert "".join(pieces) == alone.choices[0].message.content
     assert "Traceback" not in server.log
+
+
+def test_model_route_and_the_routes_not_served(client, chat_dir, server):
+    """GET /v1/models/{id} answers the served model (404 for another); /v1/completions and
+    /v1/responses answer a 404 that names the route to use; defaults that ask for nothing
+    (parallel_tool_calls false, tool_choice none, store false) are accepted."""
+    import httpx
+
+    assert client.models.retrieve(str(chat_dir)).id == str(chat_dir)
+    with pytest.raises(openai.NotFoundError) as err:
+        client.models.retrieve("gpt-4o")
+    assert err.value.body["code"] == "model_not_found"
+    for route in ("/completions", "/responses"):
+        resp = httpx.post(server.base + route, json={"model": "m", "prompt": "x"},
+                          headers={"Authorization": "Bearer key-a"}, timeout=30)  # fmt: skip
+        assert resp.status_code == 404 and "/v1/chat/completions" in resp.json()["error"]["message"]
+    out = _ask(client, str(chat_dir), "hi", max_tokens=2, parallel_tool_calls=False,
+               tool_choice="none", store=False)  # fmt: skip
+    assert out.choices[0].finish_reason in ("stop", "length")

@@ -296,6 +296,30 @@ class Server:
             }
         )
 
+    async def model(self, request: Request) -> Response:
+        """``GET /v1/models/{id}``: the served model, or 404 for any other id."""
+        self.tenant(request)
+        mid = request.path_params["mid"]
+        if mid != self.config.model_id:
+            raise ApiError(
+                404,
+                f"model {mid!r} is not served here; this server serves {self.config.model_id!r}",
+                code="model_not_found",
+                param="model",
+            )
+        return JSONResponse(
+            {"id": mid, "object": "model", "created": self.created, "owned_by": "sinklab"}
+        )
+
+    async def elsewhere(self, request: Request) -> Response:
+        """Routes OpenAI has and this server does not: a 404 that names the one to use."""
+        raise ApiError(
+            404,
+            f"{request.url.path} is not served here (this version serves chat only); use "
+            "POST /v1/chat/completions with messages",
+            code="unsupported_route",
+        )
+
     async def sessions(self, request: Request) -> Response:
         """``GET /v1/sessions``: the key's sessions (id, turns, kept positions, last use)."""
         rows = self.engine.registry.listing(self.tenant(request))
@@ -377,6 +401,9 @@ def build_app(
     app = FastAPI(title="sinklab serve", docs_url=None, redoc_url=None, openapi_url=None)
     app.add_api_route("/v1/chat/completions", server.chat_completions, methods=["POST"])
     app.add_api_route("/v1/models", server.models, methods=["GET"])
+    app.add_api_route("/v1/models/{mid:path}", server.model, methods=["GET"])
+    for route in ("/v1/completions", "/v1/responses", "/v1/embeddings"):
+        app.add_api_route(route, server.elsewhere, methods=["POST"])
     app.add_api_route("/v1/sessions", server.sessions, methods=["GET"])
     app.add_api_route("/v1/sessions/{sid}", server.session, methods=["GET"])
     app.add_api_route("/v1/sessions/{sid}", server.delete_session, methods=["DELETE"])

@@ -83,21 +83,21 @@ MESSAGE_REFUSED = {
 }
 
 # Request fields OpenAI defines that sinklab does not honour: each refused with its reason
-# unless absent, null or the value named (OpenAI's default, which asks for nothing).
-REFUSED: dict[str, tuple[Any, str]] = {
-    "tools": ([], "tools are not supported by this server"),
-    "tool_choice": ("none", "tools are not supported by this server"),
-    "functions": ([], "functions are not supported by this server"),
-    "function_call": ("none", "functions are not supported by this server"),
-    "parallel_tool_calls": (None, "tools are not supported by this server"),
-    "audio": (None, "audio output is not supported"),
-    "modalities": (["text"], "only text output is supported"),
-    "prediction": (None, "predicted outputs are not supported"),
-    "web_search_options": (None, "web search is not supported"),
-    "reasoning_effort": (None, "reasoning effort is not supported (no reasoning model)"),
-    "store": (False, "stored completions are not supported"),
-    "service_tier": ("auto", "service tiers are not supported"),
-    "verbosity": (None, "verbosity is not supported"),
+# unless absent, null or one of the values named (which ask for nothing: OpenAI's defaults).
+REFUSED: dict[str, tuple[tuple[Any, ...], str]] = {
+    "tools": (([],), "tools are not supported by this server"),
+    "tool_choice": (("none",), "tools are not supported by this server"),
+    "functions": (([],), "functions are not supported by this server"),
+    "function_call": (("none",), "functions are not supported by this server"),
+    "parallel_tool_calls": ((False,), "tools are not supported by this server"),
+    "audio": ((), "audio output is not supported"),
+    "modalities": ((["text"],), "only text output is supported"),
+    "prediction": ((), "predicted outputs are not supported"),
+    "web_search_options": ((), "web search is not supported"),
+    "reasoning_effort": ((), "reasoning effort is not supported (no reasoning model)"),
+    "store": ((False,), "stored completions are not supported"),
+    "service_tier": (("auto", "default"), "service tiers are not supported"),
+    "verbosity": ((), "verbosity is not supported"),
 }
 
 
@@ -249,7 +249,7 @@ def _refuse_unsupported(data: dict[str, Any]) -> None:
                 code="unsupported_parameter",
                 param=name,
             )
-        if name in REFUSED and value is not None and value != REFUSED[name][0]:
+        if name in REFUSED and value is not None and value not in REFUSED[name][0]:
             raise ApiError(400, f"{name}: {REFUSED[name][1]}", code="unsupported_parameter",
                            param=name)  # fmt: skip
     format_ = data.get("response_format")
