@@ -393,6 +393,27 @@ class Server:
         return "\n".join(lines) + "\n"
 
 
+class _Counted:
+    """Counts answers by status (``/metrics``). A plain ASGI middleware, not Starlette's
+    ``BaseHTTPMiddleware``: that one wraps ``receive`` so that ``request.is_disconnected()``
+    never sees a client gone, and a reply would be applied for a client that left."""
+
+    def __init__(self, app: Any, metrics: Metrics) -> None:
+        self.app, self.metrics = app, metrics
+
+    async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+
+        async def counted(message: dict) -> None:
+            if message["type"] == "http.response.start":
+                self.metrics.add_request(message["status"])
+            await send(message)
+
+        await self.app(scope, receive, counted)
+
+
 def build_app(
     engine: Engine, config: ServeConfig, metrics: Metrics, log: Callable[[str], None]
 ) -> FastAPI:
@@ -410,11 +431,7 @@ def build_app(
     app.add_api_route("/health", server.health, methods=["GET"])
     app.add_api_route("/metrics", server.prometheus, methods=["GET"])
 
-    @app.middleware("http")
-    async def count(request: Request, call_next):
-        response = await call_next(request)
-        metrics.add_request(response.status_code)
-        return response
+    app.add_middleware(_Counted, metrics=metrics)
 
     @app.exception_handler(ApiError)
     async def api_error(request: Request, err: ApiError) -> Response:
