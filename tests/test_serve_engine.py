@@ -1,15 +1,18 @@
 """The serve engine in-process (no HTTP, no thread: its prefill and decode steps driven by hand):
 a reply cut at ``max_tokens`` is read once, as ``sinklab chat`` reads it, and a reply cut at a
 stop string is kept in the session as the client got it, so that the client's whole
-``messages`` list continues the session."""
+``messages`` list continues the session; one request failing in the shared prefill or in a
+batched decode step (a non-finite row) fails alone."""
 
 from __future__ import annotations
 
 import pytest
+import torch
 
 from sinklab.serve.config import ServeConfig
 from sinklab.serve.engine import Engine, Job
 from sinklab.serve.metrics import Metrics
+from sinklab.serve.sampling import Sampling
 from sinklab.stream.chat import ChatConfig, ChatSession
 from test_chat import TURNS  # the chat tests' turns
 
@@ -167,25 +170,60 @@ def test_turns_waiting_together_are_read_in_one_prefill(model, chat_tokenizer):
 
 
 def test_one_turn_failing_after_the_shared_read_fails_alone(model, chat_tokenizer):
-    """A turn whose first token cannot be sampled (after the shared prefill) fails with a 500 of
-    its own and leaves its session as before; the turn read with it completes."""
+    """A turn whose first token cannot be sampled (after the shared prefill: a temperature of
+    5e-324, which the protocol refuses, given to the engine directly, makes its logits over the
+    temperature infinite) fails with a 400 of its own and leaves its session as before; the turn
+    read with it completes with the reply it gets alone."""
     engine = _engine(model, chat_tokenizer)
     events = {sid: [] for sid in ("ok", "bad")}
-    for sid, text in zip(events, TURNS, strict=False):
+    for sid, text, t in zip(events, TURNS, (0.0, 5e-324), strict=False):
         session = engine.sessions.setdefault(("t", sid), engine.new_session(sid, "t"))
         new = [{"role": "user", "content": text}]
-        engine.queue.put(Job(session, new, 3, 0.0, None, [], float("inf"), events[sid].append))
+        engine.queue.put(Job(session, new, 3, t, None, [], float("inf"), events[sid].append))
     bad = engine.sessions[("t", "bad")].chat
     before = bad.record()
-
-    def broken(logits, temperature=None):
-        raise RuntimeError("sampling broke")
-
-    bad.sample = broken
     while engine.queue.qsize() or engine.busy():
         engine.step()
     assert engine.metrics.prefill_peak == 2
     assert events["ok"][-1][0] == "done"
     kind, error = events["bad"][-1]
-    assert kind == "error" and error.status == 500 and "failed to read" in error.message
+    assert kind == "error" and error.status == 400 and "not finite" in error.message, error
     assert bad.record() == before and engine.sessions[("t", "bad")].state.seen == 0
+    alone = _turn(_engine(model, chat_tokenizer), "ok", [{"role": "user", "content": TURNS[0]}], 3)
+    assert events["ok"][-1] == alone[-1]
+
+
+class _NaNOnStep(Sampling):
+    """A request whose row turns NaN at its ``n``-th token (as the model's logits would)."""
+
+    def pick(self, logits, counts, gen):
+        if sum(counts.values()) + 1 >= 3:
+            logits = torch.full_like(logits, float("nan"))
+        return super().pick(logits, counts, gen)
+
+
+def test_a_nan_row_in_the_batched_decode_fails_only_its_request(model, chat_tokenizer):
+    """Two sessions decode in one batch; one's row is NaN at its third token: that request
+    fails alone (500, "not finite"; its session as before), the other's reply is token for
+    token the one it gets alone, and the engine goes on serving."""
+    engine = _engine(model, chat_tokenizer)
+    events = {sid: [] for sid in ("ok", "bad")}
+    for sid, text in zip(events, TURNS, strict=False):
+        session = engine.sessions.setdefault(("t", sid), engine.new_session(sid, "t"))
+        new = [{"role": "user", "content": text}]
+        job = Job(session, new, 6, 0.0, None, [], float("inf"), events[sid].append)
+        job.sampling = _NaNOnStep() if sid == "bad" else None
+        engine.queue.put(job)
+    before = engine.sessions[("t", "bad")].chat.record()
+    peak = 0
+    while engine.queue.qsize() or engine.busy():
+        engine.step()
+        peak = max(peak, len(engine.active))
+    assert peak == 2  # they did decode together
+    kind, error = events["bad"][-1]
+    assert kind == "error" and error.status == 500 and "not finite" in error.message, error
+    assert engine.sessions[("t", "bad")].chat.record() == before
+    alone = _turn(_engine(model, chat_tokenizer), "ok", [{"role": "user", "content": TURNS[0]}], 6)
+    assert events["ok"] == alone
+    again = _turn(engine, "ok2", [{"role": "user", "content": TURNS[0]}], 6)
+    assert again[-1] == alone[-1]

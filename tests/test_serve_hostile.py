@@ -262,3 +262,28 @@ def test_delete_on_a_read_only_folder_keeps_memory_and_disk_consistent(chat_dir,
 )
 def test_bad_serve_options_are_one_line(capsys, args, needle):
     assert_one_line_error(run_main(capsys, "serve", *args), needle)
+
+
+def test_a_whole_reply_whose_client_left_is_not_committed(served):
+    """A plain (not streamed) request whose client closes the connection before the reply is
+    made: the turn is dropped (the session keeps its one turn), one log line, no traceback."""
+    url, model, a = served.base + "/chat/completions", served.model, _auth("key-a")
+    port = int(served.url.rsplit(":", 1)[1])
+    with httpx.Client(timeout=60) as http:
+        assert http.post(url, json=_body(model, "first", session_id="left"), headers=a).is_success
+        body = json.dumps({**_body(model, "second", session_id="left"), "max_tokens": 60}).encode()
+        head = (
+            b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer key-a\r\n"
+            b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n" % len(body)
+        )
+        with socket.create_connection(("127.0.0.1", port), timeout=30) as s:
+            s.sendall(head + body)
+        # gone at once: the server notices before it applies the turn (one log line)
+        for _ in range(200):
+            if "client gone; the turn was not applied" in served.log:
+                break
+            time.sleep(0.1)
+        got = http.get(served.base + "/sessions/left", headers=a).json()["turns"]
+        assert got == 1, served.log[-3000:]
+    assert "client gone; the turn was not applied" in served.log
+    assert "Traceback" not in served.log

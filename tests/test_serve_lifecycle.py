@@ -210,3 +210,72 @@ def test_a_timeout_is_checked_between_pieces_and_not_committed(model, chat_token
     assert kind == "error" and error.status == 504 and not engine.busy()
     assert ("k", "slow") not in engine.sessions  # made for the turn, dropped with it
     assert session.chat.turns == 0 and session.state.seen == 0
+
+
+def test_a_restart_restores_only_the_sessions_still_live(model, chat_tokenizer, tmp_path):
+    """Sessions written by one server and read by the next: one that passed its TTL while the
+    server was down is removed (files too), the live one is served with its history."""
+    clock = Clock()
+    first = _engine(model, chat_tokenizer, tmp_path, clock, session_ttl_s=60)
+    _turn(first, "k", "old", _user(TURNS[0]))
+    clock.now += 50
+    _turn(first, "k", "live", _user(TURNS[1]))
+    clock.now += 30  # down for a while: old idle 80 s > 60, live 30 s
+    second = _engine(model, chat_tokenizer, tmp_path, clock, session_ttl_s=60)
+    assert second.load() == 1
+    assert [r["id"] for r in second.registry.listing("k")] == ["live"]
+    assert second.registry.find("k", "live").chat.messages[0]["content"] == TURNS[1]
+    stem = SessionStore.stem("k", "live")
+    assert _files(tmp_path) == {f"{stem}.json", f"{stem}.1.safetensors"}
+
+
+def test_over_http_sessions_expire_are_evicted_and_listed_per_key(
+    tiny_model_factory, chat_tokenizer, tmp_path
+):
+    """The real server through the official openai client: 20 one-shot conversations against
+    --max-sessions 4 are all answered (the least recently used idle session leaves, no 429);
+    GET /v1/sessions lists only the caller's; with --session-ttl 2 an idle session is gone from
+    the listing and the folder a few seconds later."""
+    import time
+
+    import httpx
+    import openai
+
+    from serving import Served
+
+    folder = tmp_path / "model"
+    tiny_model_factory("llama", seed=13).save_pretrained(folder)
+    chat_tokenizer.save_pretrained(folder)
+    sessions = tmp_path / "sessions"
+    args = ["--model", str(folder), "--n-sink", str(N_SINK), "--window", str(WINDOW)]
+    args += ["--sessions", str(sessions), "--max-sessions", "4", "--max-saved-sessions", "4"]
+    args += ["--session-ttl", "2", "--max-tokens", "8", "--api-key", "ka", "--api-key", "kb"]
+    server = Served(*args)
+    try:
+        a = openai.OpenAI(base_url=server.base, api_key="ka", max_retries=0, timeout=60)
+        for i in range(20):
+            out = a.chat.completions.create(
+                model=str(folder), messages=[{"role": "user", "content": f"q {i}"}], max_tokens=2
+            )
+            assert out.choices[0].message.content is not None
+        a.chat.completions.create(
+            model=str(folder),
+            messages=[{"role": "user", "content": "keep"}],
+            max_tokens=2,
+            extra_body={"session_id": "mine"},
+        )
+        with httpx.Client(timeout=30) as http:
+            mine = http.get(server.base + "/sessions", headers={"Authorization": "Bearer ka"})
+            theirs = http.get(server.base + "/sessions", headers={"Authorization": "Bearer kb"})
+            assert "mine" in {r["id"] for r in mine.json()["data"]}
+            assert theirs.json()["data"] == []
+            for _ in range(100):  # the sweep runs every second
+                rows = http.get(server.base + "/sessions", headers={"Authorization": "Bearer ka"})
+                if not rows.json()["data"]:
+                    break
+                time.sleep(0.2)
+            assert rows.json()["data"] == []
+        assert {p.name for p in sessions.iterdir()} == {".sinklab-sessions"}
+    finally:
+        server.stop()
+    assert "Traceback" not in server.log

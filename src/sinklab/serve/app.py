@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import hmac
 import os
+import secrets
 import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
@@ -121,7 +122,11 @@ class Server:
                 code="too_many_messages",
                 param="messages",
             )
-        max_tokens = req.max_completion_tokens or req.max_tokens or cfg.default_max_tokens
+        max_tokens = (  # unasked: the default, within this server's --max-tokens
+            req.max_completion_tokens
+            or req.max_tokens
+            or min(cfg.default_max_tokens, cfg.max_tokens_limit)
+        )
         if max_tokens > cfg.max_tokens_limit:
             raise ApiError(
                 400,
@@ -129,7 +134,18 @@ class Server:
                 code="invalid_value",
                 param="max_tokens",
             )
-        messages = [{"role": m.role, "content": m.text()} for m in req.messages]
+        sampling = req.sampling()
+        vocab = int(getattr(self.engine.model.config, "vocab_size", 0) or 0)
+        if vocab and any(t >= vocab for t in sampling.logit_bias):
+            raise ApiError(
+                400,
+                f"logit_bias: token ids must be below this model's vocabulary size {vocab}",
+                code="invalid_value",
+                param="logit_bias",
+            )
+        # unseeded: a fresh seed, returned so the reply can be replayed (53 bits: exact in JSON)
+        seed = req.seed if req.seed is not None else secrets.randbits(53)
+        messages = [m.as_dict() for m in req.messages]
         registry = self.engine.registry
         session, new, created = registry.acquire(tenant, req.session_id, messages)
         loop = asyncio.get_running_loop()
@@ -139,12 +155,13 @@ class Server:
             new,
             max_tokens,
             req.temperature,
-            req.seed,
+            seed,
             req.stops(),
             time.monotonic() + cfg.request_timeout_s,
             lambda ev: loop.call_soon_threadsafe(events.put_nowait, ev),
             created=created,
             deferred=True,  # applied once the client can have it (see _whole, _stream)
+            sampling=sampling,
         )
         try:
             self.engine.submit(job)
@@ -176,6 +193,8 @@ class Server:
                     continue
                 if kind == "text":
                     text.append(value)
+                elif kind == "logprobs":
+                    continue  # the whole list comes with "done"
                 elif kind == "error":
                     return _error(value)
                 else:
@@ -186,7 +205,8 @@ class Server:
                     error = await asyncio.to_thread(self.engine.commit, job)
                     if error is not None:
                         return _error(error)
-                    extra = {"session_id": job.session.id, "session": value["session"]}
+                    extra = {"session_id": job.session.id, "session": value["session"],
+                             "seed": job.seed}  # fmt: skip
                     body = completion(
                         cid,
                         self.config.model_id,
@@ -194,6 +214,7 @@ class Server:
                         value["finish_reason"],
                         value["usage"],
                         extra,
+                        value["logprobs"],
                     )
                     return JSONResponse(body)
         except asyncio.CancelledError:  # the client went away: the turn is dropped
@@ -208,22 +229,26 @@ class Server:
         self, req: ChatRequest, job: Job, events: asyncio.Queue
     ) -> AsyncIterator[bytes]:
         cid, model, sid = completion_id(), self.config.model_id, job.session.id
-        over = False
+        over, ids = False, {"session_id": sid, "seed": job.seed}
+        want = job.sampling is not None and job.sampling.logprobs
+        entries: list[dict[str, Any]] = []  # logprobs waiting for their text
         try:
-            yield sse(
-                chunk(cid, model, {"role": "assistant", "content": ""}, None, {"session_id": sid})
-            )
+            yield sse(chunk(cid, model, {"role": "assistant", "content": ""}, None, ids))
             while True:
                 kind, value = await events.get()
-                if kind == "text":
-                    yield sse(chunk(cid, model, {"content": value}, None, {"session_id": sid}))
+                if kind == "logprobs":
+                    entries += value
+                elif kind == "text":
+                    lp, entries = (entries if want else None), []
+                    yield sse(chunk(cid, model, {"content": value}, None, ids, lp))
                 elif kind == "error":
                     over = True
                     yield sse(value.body())
                     return
                 else:  # the reply is whole: it is committed once its last chunk went out
-                    extra = {"session_id": sid, "session": value["session"]}
-                    yield sse(chunk(cid, model, {}, value["finish_reason"], extra))
+                    extra = {**ids, "session": value["session"]}
+                    lp = entries if want and entries else None
+                    yield sse(chunk(cid, model, {}, value["finish_reason"], extra, lp))
                     over = True
                     error = await asyncio.to_thread(self.engine.commit, job)
                     if error is not None:
@@ -269,6 +294,30 @@ class Server:
                     }
                 ],
             }
+        )
+
+    async def model(self, request: Request) -> Response:
+        """``GET /v1/models/{id}``: the served model, or 404 for any other id."""
+        self.tenant(request)
+        mid = request.path_params["mid"]
+        if mid != self.config.model_id:
+            raise ApiError(
+                404,
+                f"model {mid!r} is not served here; this server serves {self.config.model_id!r}",
+                code="model_not_found",
+                param="model",
+            )
+        return JSONResponse(
+            {"id": mid, "object": "model", "created": self.created, "owned_by": "sinklab"}
+        )
+
+    async def elsewhere(self, request: Request) -> Response:
+        """Routes OpenAI has and this server does not: a 404 that names the one to use."""
+        raise ApiError(
+            404,
+            f"{request.url.path} is not served here (this version serves chat only); use "
+            "POST /v1/chat/completions with messages",
+            code="unsupported_route",
         )
 
     async def sessions(self, request: Request) -> Response:
@@ -344,6 +393,27 @@ class Server:
         return "\n".join(lines) + "\n"
 
 
+class _Counted:
+    """Counts answers by status (``/metrics``). A plain ASGI middleware, not Starlette's
+    ``BaseHTTPMiddleware``: that one wraps ``receive`` so that ``request.is_disconnected()``
+    never sees a client gone, and a reply would be applied for a client that left."""
+
+    def __init__(self, app: Any, metrics: Metrics) -> None:
+        self.app, self.metrics = app, metrics
+
+    async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+
+        async def counted(message: dict) -> None:
+            if message["type"] == "http.response.start":
+                self.metrics.add_request(message["status"])
+            await send(message)
+
+        await self.app(scope, receive, counted)
+
+
 def build_app(
     engine: Engine, config: ServeConfig, metrics: Metrics, log: Callable[[str], None]
 ) -> FastAPI:
@@ -352,17 +422,16 @@ def build_app(
     app = FastAPI(title="sinklab serve", docs_url=None, redoc_url=None, openapi_url=None)
     app.add_api_route("/v1/chat/completions", server.chat_completions, methods=["POST"])
     app.add_api_route("/v1/models", server.models, methods=["GET"])
+    app.add_api_route("/v1/models/{mid:path}", server.model, methods=["GET"])
+    for route in ("/v1/completions", "/v1/responses", "/v1/embeddings"):
+        app.add_api_route(route, server.elsewhere, methods=["POST"])
     app.add_api_route("/v1/sessions", server.sessions, methods=["GET"])
     app.add_api_route("/v1/sessions/{sid}", server.session, methods=["GET"])
     app.add_api_route("/v1/sessions/{sid}", server.delete_session, methods=["DELETE"])
     app.add_api_route("/health", server.health, methods=["GET"])
     app.add_api_route("/metrics", server.prometheus, methods=["GET"])
 
-    @app.middleware("http")
-    async def count(request: Request, call_next):
-        response = await call_next(request)
-        metrics.add_request(response.status_code)
-        return response
+    app.add_middleware(_Counted, metrics=metrics)
 
     @app.exception_handler(ApiError)
     async def api_error(request: Request, err: ApiError) -> Response:

@@ -12,9 +12,11 @@ between pieces and steps, a client gone, a crash) leaves its session as it was b
 
 from __future__ import annotations
 
+import dataclasses
 import queue
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -26,13 +28,15 @@ from sinklab.serve.config import ServeConfig
 from sinklab.serve.metrics import Metrics
 from sinklab.serve.protocol import ApiError
 from sinklab.serve.registry import Registry
+from sinklab.serve.sampling import NotFinite, Sampling
 from sinklab.serve.sessions import Session, SessionStore
 from sinklab.stream.cache import CacheConfig, SinkCache
 from sinklab.stream.chat import ChatConfig, ChatSession, Opened
 from sinklab.stream.generation import StreamBatch, TextStream, _piece, read_rows
 from sinklab.stream.state import StreamState
 
-Emit = Callable[[tuple[str, Any]], None]  # ("text", str) | ("done", dict) | ("error", ApiError)
+# ("text", str) | ("logprobs", [entry]) | ("done", dict) | ("error", ApiError)
+Emit = Callable[[tuple[str, Any]], None]
 
 
 @dataclass
@@ -66,6 +70,11 @@ class Job:
     partial: StreamState | None = None
     seen: tuple[int, int] = (0, 0)  # the highest position given, the most positions kept
     final: tuple[StreamState, str] | None = None  # a deferred turn's cache and finish reason
+    sampling: Sampling | None = None  # top_p, penalties, bias, logprobs (None: temperature only)
+    counts: Counter[int] = field(default_factory=Counter)  # the reply's tokens sampled so far
+    logprobs: list[dict[str, Any]] = field(default_factory=list)  # one entry per reply token
+    lp_sent: int = 0  # entries of ``logprobs`` already emitted
+    cached: int = 0  # the conversation's tokens the session had read before this turn
 
 
 class Engine:
@@ -201,6 +210,7 @@ class Engine:
         chat = job.session.chat
         job.snapshot = (chat.record(), chat.gen.get_state())
         job.started = time.perf_counter()
+        job.cached = job.session.state.seen
         try:
             if job.seed is not None:
                 chat.gen.manual_seed(job.seed)
@@ -291,7 +301,12 @@ class Engine:
         job.opened = Opened(messages, full, n, logits)
         self.metrics.add_prompt(n)
         job.detok = TextStream(self.tok)
-        done = self._take(job, chat.sample(logits, job.temperature))
+        try:
+            tok = self._sample(job, logits)
+        except NotFinite as err:
+            self._not_finite(job, err)
+            return
+        done = self._take(job, tok)
         if done is not None:
             self._complete(job, job.partial, done)
             return
@@ -307,12 +322,45 @@ class Engine:
         """One decode step for every session in the batch."""
         out = self.batch.feed({j.stream: [j.tokens[-1]] for j in self.active}, last_only=True)
         for job in list(self.active):
-            tok = job.session.chat.sample(out[job.stream][0], job.temperature)
+            try:  # one row's failure (NaN logits, a bad distribution) is that request's alone
+                tok = self._sample(job, out[job.stream][0])
+            except Exception as err:
+                self._leave(job)
+                if isinstance(err, NotFinite):
+                    self._not_finite(job, err)
+                else:
+                    self.log(f"session {job.session.id}: sampling failed: {type(err).__name__}")
+                    self._fail(job, ApiError(500, "the server failed to sample", "server_error"))
+                continue
             done = self._take(job, tok)
             if done is not None:
                 state = self.batch.state(job.stream)
                 self._leave(job)
                 self._complete(job, state, done)
+
+    def _sample(self, job: Job, logits: torch.Tensor) -> int:
+        """The next token of ``job``'s reply (:mod:`.sampling`), its logprobs noted."""
+        chat = job.session.chat
+        t = chat.config.temperature if job.temperature is None else job.temperature
+        sampling = dataclasses.replace(job.sampling or Sampling(), temperature=t)
+        tok = sampling.pick(logits, job.counts, chat.gen)
+        job.counts[tok] += 1
+        if sampling.logprobs and tok not in chat.stops:
+            job.logprobs.append(sampling.logprob_entry(logits, tok, self.tok))
+        return tok
+
+    def _not_finite(self, job: Job, err: NotFinite) -> None:
+        """A request whose numbers left the finite range: it fails alone, the others go on."""
+        self.log(f"session {job.session.id}: {err}; the turn was not applied")
+        self._fail(
+            job,
+            ApiError(
+                err.status,
+                f"{err}; the turn was not applied",
+                "invalid_request_error" if err.status < 500 else "server_error",
+                code="not_finite",
+            ),
+        )
 
     def _take(self, job: Job, tok: int) -> str | None:
         """Add a sampled token to the reply; -> the finish reason when the reply is over."""
@@ -338,6 +386,11 @@ class Engine:
         """Emit the reply's text not sent yet (holding back what could start a stop string)."""
         hold = 0 if final else max((len(s) - 1 for s in job.stops), default=0)
         upto = max(job.sent, len(job.text) - hold)
+        if job.sampling and job.sampling.logprobs:  # the entries so far, ahead of their text
+            kept = len(job.logprobs) - int(final and job.cut)
+            if kept > job.lp_sent:
+                job.emit(("logprobs", job.logprobs[job.lp_sent : kept]))
+                job.lp_sent = kept
         if upto > job.sent:
             job.emit(("text", job.text[job.sent : upto]))
             job.sent = upto
@@ -420,14 +473,17 @@ class Engine:
 
     def _result(self, job: Job, state: StreamState, finish: str, turns: int) -> dict[str, Any]:
         assert job.opened is not None
-        prompt = job.opened.prompt_tokens
+        prompt = job.cached + job.opened.prompt_tokens  # the whole prompt, read before or now
+        logprobs = job.logprobs[: len(job.tokens) - int(job.cut)]  # as the session keeps it
         return {
             "finish_reason": finish,
             "reply": job.text,
+            "logprobs": {"content": logprobs} if job.sampling and job.sampling.logprobs else None,
             "usage": {
                 "prompt_tokens": prompt,
                 "completion_tokens": len(job.tokens),
                 "total_tokens": prompt + len(job.tokens),
+                "prompt_tokens_details": {"cached_tokens": job.cached},
             },
             "session": {"turns": turns, "tokens_seen": state.seen, "kept": state.kept},
         }

@@ -13,6 +13,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from sinklab.serve.sampling import Sampling
+
 SESSION_ID = re.compile(r"[A-Za-z0-9_-]{1,64}")
 MIN_TEMPERATURE = 1e-4  # below it (and above 0) a temperature is refused: 1/t overflows float32
 MAX_DEPTH = 64  # JSON nesting a request may have (a deeper body is refused, never recursed into)
@@ -48,26 +50,71 @@ class _Part(BaseModel):
 
 
 class Message(BaseModel):
-    """A chat message; content is text, or a list of text parts (joined)."""
+    """A chat message; content is text, or a list of text parts (joined). ``developer`` is
+    OpenAI's newer name for ``system`` and is read as one."""
 
     model_config = ConfigDict(extra="ignore")
-    role: Literal["system", "user", "assistant"]
+    role: Literal["system", "developer", "user", "assistant"]
     content: str | list[_Part]
+
+    @field_validator("role", mode="before")
+    @classmethod
+    def _role(cls, value: Any) -> Any:
+        if value in ("tool", "function"):
+            raise ValueError(f"{value!r} messages are not supported: this server has no tools")
+        return value
 
     def text(self) -> str:
         if isinstance(self.content, str):
             return self.content
         return "".join(p.text for p in self.content)
 
+    def as_dict(self) -> dict[str, str]:
+        """The message as the chat template reads it."""
+        return {"role": "system" if self.role == "developer" else self.role, "content": self.text()}
+
+
+# Message fields OpenAI defines that sinklab cannot honour: refused unless absent or null.
+MESSAGE_REFUSED = {
+    "name": "message names are not supported (the chat template does not render them)",
+    "tool_calls": "tool calls are not supported: this server has no tools",
+    "function_call": "function calls are not supported: this server has no tools",
+    "audio": "audio is not supported",
+}
+
+# Request fields OpenAI defines that sinklab does not honour: each refused with its reason
+# unless absent, null or one of the values named (which ask for nothing: OpenAI's defaults).
+REFUSED: dict[str, tuple[tuple[Any, ...], str]] = {
+    "tools": (([],), "tools are not supported by this server"),
+    "tool_choice": (("none",), "tools are not supported by this server"),
+    "functions": (([],), "functions are not supported by this server"),
+    "function_call": (("none",), "functions are not supported by this server"),
+    "parallel_tool_calls": ((False,), "tools are not supported by this server"),
+    "audio": ((), "audio output is not supported"),
+    "modalities": ((["text"],), "only text output is supported"),
+    "prediction": ((), "predicted outputs are not supported"),
+    "web_search_options": ((), "web search is not supported"),
+    "reasoning_effort": ((), "reasoning effort is not supported (no reasoning model)"),
+    "store": ((False,), "stored completions are not supported"),
+    "service_tier": (("auto", "default"), "service tiers are not supported"),
+    "verbosity": ((), "verbosity is not supported"),
+}
+
 
 class _StreamOptions(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="forbid")
     include_usage: bool = False
 
 
+class _ResponseFormat(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    type: Literal["text"]
+
+
 class ChatRequest(BaseModel):
-    """``POST /v1/chat/completions``. Fields OpenAI defines and sinklab does not use are
-    accepted and ignored when they are of their type; ``n`` > 1, tools and the like are refused."""
+    """``POST /v1/chat/completions``. Every field is honoured (sampling: :mod:`.sampling`);
+    a field OpenAI defines that is not (:data:`REFUSED`), and any unknown field, is refused by
+    :func:`parse_request` with a 400 naming it."""
 
     model_config = ConfigDict(extra="ignore", strict=False)
     model: str
@@ -75,14 +122,48 @@ class ChatRequest(BaseModel):
     max_tokens: int | None = Field(default=None, ge=1)
     max_completion_tokens: int | None = Field(default=None, ge=1)
     temperature: float | None = Field(default=None, ge=0, le=2)
+    top_p: float | None = Field(default=None, ge=0, le=1)
+    top_k: int | None = Field(default=None, ge=0)  # an extension (vLLM, llama.cpp): 0 is off
+    presence_penalty: float | None = Field(default=None, ge=-2, le=2)
+    frequency_penalty: float | None = Field(default=None, ge=-2, le=2)
+    logit_bias: dict[str, float] | None = None
+    logprobs: bool | None = None
+    top_logprobs: int | None = Field(default=None, ge=0, le=20)
     seed: int | None = None
     stop: str | list[str] | None = None
     stream: bool = False
     stream_options: _StreamOptions | None = None
-    n: int = Field(default=1, ge=1, le=1)
+    n: int | None = None
+    response_format: _ResponseFormat | None = None
     session_id: str | None = None
-    tools: None = None
-    user: str | None = None
+    user: str | None = None  # an end-user id, as OpenAI's: it changes nothing in the reply
+    metadata: dict[str, str] | None = None  # as OpenAI's: tags, it changes nothing either
+
+    @field_validator("n")
+    @classmethod
+    def _n(cls, value: int | None) -> int | None:
+        if value is not None and value != 1:
+            raise ValueError("only 1 choice per request is supported (send n separate requests)")
+        return value
+
+    @field_validator("top_p", "presence_penalty", "frequency_penalty")
+    @classmethod
+    def _finite_number(cls, value: float | None) -> float | None:
+        if value is not None and not math.isfinite(value):
+            raise ValueError("must be a finite number")
+        return value
+
+    @field_validator("logit_bias")
+    @classmethod
+    def _bias(cls, value: dict[str, float] | None) -> dict[str, float] | None:
+        for key, bias in (value or {}).items():
+            if not key.isdigit() or len(key) > 12:
+                raise ValueError(f"key {key!r} is not a token id (a non-negative integer)")
+            if not (math.isfinite(bias) and -100 <= bias <= 100):
+                raise ValueError(f"the bias of token {key} must be in -100..100")
+        if value is not None and len(value) > 1024:
+            raise ValueError("at most 1024 tokens")
+        return value
 
     @field_validator("temperature")
     @classmethod
@@ -96,8 +177,8 @@ class ChatRequest(BaseModel):
     @field_validator("seed")
     @classmethod
     def _seed(cls, value: int | None) -> int | None:
-        if value is not None and not -(2**63) <= value < 2**64:
-            raise ValueError("must fit in 64 bits (-2**63 to 2**64 - 1)")
+        if value is not None and not 0 <= value < 2**64:
+            raise ValueError("must be an integer in 0..2**64 - 1 (64 bits)")
         return value
 
     @field_validator("stop")
@@ -115,6 +196,19 @@ class ChatRequest(BaseModel):
             raise ValueError("a session_id is 1 to 64 characters of A-Z, a-z, 0-9, _ and -")
         return value
 
+    def sampling(self) -> Sampling:
+        """The request's sampling step (:mod:`.sampling`; the temperature is the engine's)."""
+        return Sampling(
+            temperature=0.0,
+            top_p=1.0 if self.top_p is None else self.top_p,
+            top_k=self.top_k or 0,
+            presence_penalty=self.presence_penalty or 0.0,
+            frequency_penalty=self.frequency_penalty or 0.0,
+            logit_bias={int(k): v for k, v in (self.logit_bias or {}).items()},
+            logprobs=bool(self.logprobs),
+            top_logprobs=self.top_logprobs or 0,
+        )
+
     def stops(self) -> list[str]:
         return [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
 
@@ -124,12 +218,55 @@ def parse_request(body: bytes) -> ChatRequest:
     data = load_json(body)
     if not isinstance(data, dict):
         raise ApiError(400, "the request body must be a JSON object", code="invalid_json")
+    _refuse_unsupported(data)
     try:
-        return ChatRequest.model_validate(data)
+        req = ChatRequest.model_validate(data)
     except ValidationError as err:
         first = err.errors()[0]
         where = ".".join(str(x) for x in first["loc"]) or "body"
-        raise ApiError(400, f"{where}: {first['msg']}", code="invalid_value", param=where) from None
+        msg = first["msg"].removeprefix("Value error, ")
+        raise ApiError(400, f"{where}: {msg}", code="invalid_value", param=where) from None
+    if req.top_logprobs is not None and not req.logprobs:
+        raise ApiError(
+            400,
+            "top_logprobs: logprobs must be true when top_logprobs is given",
+            code="invalid_value",
+            param="top_logprobs",
+        )
+    return req
+
+
+def _refuse_unsupported(data: dict[str, Any]) -> None:
+    """A 400 naming the first field that is not honoured (an unknown one, or one of
+    :data:`REFUSED` / :data:`MESSAGE_REFUSED` with a value that asks for something)."""
+    known = set(ChatRequest.model_fields) | set(REFUSED)
+    for name, value in data.items():
+        if name not in known:
+            raise ApiError(
+                400,
+                f"{name}: unsupported parameter (this server does not know it; see the README's "
+                "Serving section for the parameters it honours)",
+                code="unsupported_parameter",
+                param=name,
+            )
+        if name in REFUSED and value is not None and value not in REFUSED[name][0]:
+            raise ApiError(400, f"{name}: {REFUSED[name][1]}", code="unsupported_parameter",
+                           param=name)  # fmt: skip
+    format_ = data.get("response_format")
+    if isinstance(format_, dict) and format_.get("type") not in (None, "text"):
+        raise ApiError(
+            400,
+            f"response_format: type {format_.get('type')!r} is not supported (only 'text'; no "
+            "constrained decoding in this version)",
+            code="unsupported_parameter",
+            param="response_format",
+        )
+    messages = data.get("messages")
+    for i, m in enumerate(messages if isinstance(messages, list) else []):
+        for name, why in MESSAGE_REFUSED.items():
+            if isinstance(m, dict) and m.get(name) not in (None, [], ""):
+                where = f"messages.{i}.{name}"
+                raise ApiError(400, f"{where}: {why}", code="unsupported_parameter", param=where)
 
 
 def load_json(body: bytes) -> Any:
@@ -175,7 +312,13 @@ def completion_id() -> str:
 
 
 def completion(
-    cid: str, model: str, reply: str, finish: str, usage: dict[str, int], extra: dict[str, Any]
+    cid: str,
+    model: str,
+    reply: str,
+    finish: str,
+    usage: dict[str, Any],
+    extra: dict[str, Any],
+    logprobs: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """A whole (not streamed) chat completion."""
     return {
@@ -188,7 +331,7 @@ def completion(
                 "index": 0,
                 "message": {"role": "assistant", "content": reply},
                 "finish_reason": finish,
-                "logprobs": None,
+                "logprobs": logprobs,
             }
         ],
         "usage": usage,
@@ -197,10 +340,16 @@ def completion(
 
 
 def chunk(
-    cid: str, model: str, delta: dict[str, str], finish: str | None, extra: dict[str, Any]
+    cid: str,
+    model: str,
+    delta: dict[str, str],
+    finish: str | None,
+    extra: dict[str, Any],
+    logprobs: list[dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
-    """One server-sent chunk of a streamed completion."""
-    choice = {"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}
+    """One server-sent chunk of a streamed completion (``logprobs``: its tokens' entries)."""
+    lp = {"content": logprobs} if logprobs is not None else None
+    choice = {"index": 0, "delta": delta, "finish_reason": finish, "logprobs": lp}
     return {
         "id": cid,
         "object": "chat.completion.chunk",
