@@ -239,7 +239,10 @@ def test_a_flipping_or_oscillating_comparison_does_not_settle_and_a_flat_one_doe
         _tails(_ramp(-0.1, 0.3), _ramp(-0.2, 0.4), _ramp(0.0, 0.5)), "above", 0.0
     )
     assert not flip.met and "verdict changes" in flip.reason
-    wobble = lambda s: 0.3 if (s // 50) % 2 else 0.05  # noqa: E731: ends low
+
+    def wobble(s):  # swings 0.05 <-> 0.3 between tail checkpoints, ending low
+        return 0.3 if (s // 50) % 2 else 0.05
+
     osc = comparison_settled(_tails(wobble, wobble, wobble), "above", 0.0)
     assert not osc.met and "drift 0.25" in osc.reason
     flat = comparison_settled(_tails(lambda s: -0.3, lambda s: -0.2, lambda s: -0.25), "above", 0.0)
