@@ -150,11 +150,13 @@ def _write_run(folder: Path, *, seed: int, variant: str = "softmax", data: str =
         "uniform_first_mass_nontrigger": kw.get("uniform", 0.05),
         "prev_token_mass_trigger": 0.9,
         "backcopy_loss": kw.get("copy_loss", 0.01),
+        # the sink rate at eps 0.3 (the one head's first-token mass over all queries)
+        "sink_rate": {"0.3": kw.get("rate", 1.0 if kw.get("nt", 0.5) > 0.3 else 0.0)},
     }
     last = {"first_token_sink_mass": kw.get("mass", 0.3), "backcopy": backcopy}
     # a converged trajectory: step 0, then flat over the last 20 % (docs/claims.md#lab-validity)
-    tail = [{"step": s, **last} for s in (480, 510, 540, 570, 600)]
     val = {"damage": kw.get("damage", 0.1)}
+    tail = [{"step": s, **last, "val": val} for s in (480, 510, 540, 570, 600)]
     folder.mkdir(parents=True)
     (folder / "train.json").write_text(
         json.dumps({"config": config, "checkpoints": [{"step": 0}, *tail], "val": val})
@@ -221,11 +223,15 @@ def test_lab_verdicts_need_converged_runs_that_grew_the_effect(tmp_path):
     assert "copy loss <= 0.05" in bad[0]["criterion"] and len(soft["convergence"]) == 6
     assert soft["fidelity"].startswith("proxy: ") and soft["scope"] == "backcopy"
     length = _row(result, "sinks-grow-length")
-    # r = 0.5 / 0.05 = 10 at T 128, 0.2 / 0.01 = 20 at T 512: log 2 per seed
-    assert [s["effect"] for s in length["samples"]] == pytest.approx([math.log(2)] * 3)
+    # the sink rate: 1 at T 128 (mass 0.5 > 0.3), 0 at T 512 (0.2): -1 per seed, though
+    # r = m / u rises (0.5 / 0.05 = 10 at T 128, 0.2 / 0.01 = 20 at T 512): shown, not judged
+    assert [s["effect"] for s in length["samples"]] == pytest.approx([-1.0] * 3)
+    assert [s["log_r_ratio"] for s in length["samples"]] == pytest.approx([math.log(2)] * 3)
+    assert length["samples"][0]["uniform_first_mass"] == {"128": 0.05, "512": 0.01}
     assert length["samples"][0]["tokens_per_step"] == 4096
-    assert length["verdict"] == "supported" and length["verdict_stated"] == "supported on backcopy"
-    assert "on backcopy (a proxy" in length["reason"]
+    assert length["verdict"] == "not supported"
+    assert length["verdict_stated"] == "not supported on backcopy"
+    assert "on backcopy (a proxy" in length["reason"] and length["settled"]["met"]
     traj = length["samples"][0]["runs"]["seed 0 softmax/bos T512x8"]["trajectory"]
     assert [t["step"] for t in traj] == [0, 480, 510, 540, 570, 600] and traj[-1]["r"] == 20
     bos = _row(result, "bos-reliance")
@@ -255,7 +261,7 @@ def test_default_claims_train_the_lab_runs_and_reuse_them(tmp_path, monkeypatch)
             # 10 steps: nothing has converged, and the row says so instead of judging
             assert row["verdict"] == "inconclusive" and row["reason"].startswith("not converged")
     length = _row_of(first, "sinks-grow-length")
-    assert {s["tokens_per_step"] for s in length["samples"]} == {1024}
+    assert {s["tokens_per_step"] for s in length["samples"]} == {4096}
     assert [s["seq_len"] for s in length["samples"]] == [[32, 128]] * 3
     second = run_claims(None, None, cfg).to_json()
     assert second["run"]["lab"]["trained"] == 0 and second["run"]["lab"]["reused"] == 12

@@ -38,7 +38,7 @@ from sinklab.claims.rules import (
     bootstrap_interval,
     valid_samples,
 )
-from sinklab.claims.validity import lab_verdict, stated
+from sinklab.claims.validity import comparison_settled, lab_verdict, stated
 from sinklab.corpus import Text, check_token_spec, first_token, load_text, token_windows
 from sinklab.errors import SinklabError
 from sinklab.meta import attach_meta
@@ -230,6 +230,7 @@ class ClaimRow:
             "verdict_stated": stated(self.verdict, m.fidelity.scope),
             "convergence": [c.to_json() for c in m.convergence],
             "emergence": [c.to_json() for c in m.emergence],
+            "settled": None if m.settled is None else m.settled.to_json(),
         }
 
 
@@ -424,6 +425,14 @@ def _judge_lab(claim: Claim, m: Measurement, why: str, seed: int) -> tuple[Any, 
     rule)."""
     xs = valid_samples(m.effects())
     interval = bootstrap_interval(xs, seed=seed) if xs else None
+    tails = [s.get("tail") or [] for s in m.samples if valid_samples([s["effect"]])]
+    settled = comparison_settled(
+        [[(int(st), e) for st, e in t] for t in tails],
+        claim.direction,
+        claim.threshold,
+        seed=seed,
+    )
+    m.settled = settled
     v = lab_verdict(
         interval,
         claim.direction,
@@ -432,6 +441,7 @@ def _judge_lab(claim: Claim, m: Measurement, why: str, seed: int) -> tuple[Any, 
         m.convergence,
         m.emergence,
         not_measured=why,
+        settled=settled,
     )
     return interval, v
 

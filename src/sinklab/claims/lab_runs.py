@@ -25,12 +25,15 @@ class LabPlan:
     """Sizes of the lab runs the claims train (backcopy, 1 layer, 1 head)."""
 
     steps: int = 1000
-    d_model: int = 32
+    d_model: int = 16
     short_len: int = 32
     long_len: int = 128
-    tokens_per_step: int = 1024  # seq_len x batch_size of every run
+    tokens_per_step: int = 4096  # seq_len x batch_size of every run
     lr: float = 1e-2
-    seeds: int = 3
+    warmup: int = 10
+    decay_end: float = 0.6  # cosine to 0.1 x lr at 60 % of the steps, then held (settles)
+    weight_decay: float = 0.0
+    seeds: int = 6
     variants: tuple[str, ...] = ("softmax1", "sink")  # compared with softmax
     n_checkpoints: int = 8  # log-spaced, plus step 0 and the tail (sinklab.lab.train)
 
@@ -60,6 +63,9 @@ class LabPlan:
                 steps=self.steps,
                 d_model=self.d_model,
                 lr=self.lr,
+                warmup=self.warmup,
+                decay_end=self.decay_end,
+                weight_decay=self.weight_decay,
                 seq_len=t,
                 batch_size=self.tokens_per_step // t,
                 n_checkpoints=self.n_checkpoints,
@@ -81,8 +87,8 @@ class LabPlan:
 
 
 LAB_SIZES: dict[str, LabPlan] = {
-    # the report's --quick: 12 runs of 300 steps (softmax1 only)
-    "quick": LabPlan(steps=300, variants=("softmax1",)),
+    # the report's --quick: 12 runs (3 seeds; softmax1 only), the same sizes as full
+    "quick": LabPlan(seeds=3, variants=("softmax1",)),
     "full": LabPlan(),
 }
 

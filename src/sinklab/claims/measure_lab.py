@@ -26,6 +26,7 @@ from sinklab.lab.convergence import (
     sink_emerged,
     sink_ratio,
     switch_emerged,
+    tail_start,
     trajectory,
 )
 from sinklab.meta import restore_non_finite
@@ -113,13 +114,45 @@ class LabRun:
         return RunCheck(self.label, c["met"], c["criterion"], c["reason"])
 
     def sink(self) -> RunCheck:
+        """A sink grew (r >= 3); a run that solved the task with a diagonal head instead (more
+        of its non-trigger mass on the query itself than on the first token) says so."""
         bc = self.backcopy
         m, u = (
             number(bc, "first_token_mass_nontrigger"),
             number(bc, "uniform_first_mass_nontrigger"),
         )
         e = sink_emerged(m, u)
-        return RunCheck(self.label, e.met, e.criterion, "" if e.met else f"no sink ({e.detail})")
+        diag = number(bc, "diag_mass_nontrigger")
+        if e.met:
+            return RunCheck(self.label, True, e.criterion)
+        if diag is not None and m is not None and diag > m:
+            why = f"solved without a sink: a diagonal head (diagonal mass {diag:.3g}, {e.detail})"
+            return RunCheck(self.label, False, e.criterion, why)
+        return RunCheck(self.label, False, e.criterion, f"no sink ({e.detail})")
+
+    def sink_free(self) -> RunCheck:
+        """The variant carries no first-token sink (r < 3): what softmax1-no-sink claims."""
+        bc = self.backcopy
+        m, u = (
+            number(bc, "first_token_mass_nontrigger"),
+            number(bc, "uniform_first_mass_nontrigger"),
+        )
+        e = sink_emerged(m, u)
+        criterion = "no first-token sink in the variant (r < 3)"
+        if m is None or u is None:
+            return RunCheck(self.label, False, criterion, "no first-token mass measured")
+        why = "" if not e.met else f"still carries a first-token sink ({e.detail})"
+        return RunCheck(self.label, not e.met, criterion, why)
+
+    def tail(self, read: Callable[[dict[str, Any]], float | None]) -> dict[int, float]:
+        """``{step: read(checkpoint)}`` over the last 20 % of training (where it can be read)."""
+        start = tail_start(self.steps)
+        out = {}
+        for c in self.checkpoints:
+            v = read(c) if int(c.get("step", -1)) >= start else None
+            if v is not None and math.isfinite(v):
+                out[int(c["step"])] = float(v)
+        return out
 
     def switch(self) -> RunCheck:
         e = switch_emerged(number(self.backcopy, "prev_token_mass_trigger"))
@@ -173,6 +206,28 @@ def _diff(a: float | None, b: float | None) -> float | None:
     return None if a is None or b is None else a - b
 
 
+def _bc(key: str) -> Callable[[dict[str, Any]], float | None]:
+    """A checkpoint's backcopy ``key``."""
+    return lambda c: number(c["backcopy"], key) if isinstance(c.get("backcopy"), dict) else None
+
+
+def _val(key: str) -> Callable[[dict[str, Any]], float | None]:
+    """A tail checkpoint's validation ``key`` (``val``: e.g. ``damage``)."""
+    return lambda c: number(c["val"], key) if isinstance(c.get("val"), dict) else None
+
+
+def _bc_rate(c: dict[str, Any]) -> float | None:
+    """The backcopy sink rate at eps 0.3 (every head's first-token mass over all queries)."""
+    bc = c.get("backcopy")
+    rate = bc.get("sink_rate") if isinstance(bc, dict) else None
+    return number(rate, "0.3") if isinstance(rate, dict) else None
+
+
+def _paired_tail(a: dict[int, float], b: dict[int, float]) -> list[list[float]]:
+    """``[[step, a - b]]`` at the tail steps both runs recorded."""
+    return [[s, a[s] - b[s]] for s in sorted(set(a) & set(b))]
+
+
 def _uses_bos(run: LabRun) -> bool:
     return run.config.get("data") in WITH_BOS
 
@@ -220,10 +275,13 @@ def _softmax1(runs: list[LabRun]) -> Measurement:
             a = number(run.backcopy, "first_token_mass_nontrigger")
             b = number(alt.backcopy, "first_token_mass_nontrigger")
             seen.emerged(run.sink(), run)  # nothing to remove without a sink in the softmax run
+            seen.emerged(alt.sink_free(), alt)  # the claim: the variant needs no sink
+            read = _bc("first_token_mass_nontrigger")
             m.samples.append(
                 {
                     "sample": f"{run.name()}, {other}",
                     "effect": _diff(a, b),
+                    "tail": _paired_tail(run.tail(read), alt.tail(read)),
                     "softmax": a,
                     other: b,
                     "null_mass_nontrigger": number(alt.backcopy, "null_mass_nontrigger"),
@@ -241,13 +299,17 @@ def _sink_rate(run: LabRun) -> float | None:
 
 
 def _length(runs: list[LabRun]) -> Measurement:
-    """Short vs long T at equal tokens per step: ``log(r_long / r_short)`` per seed."""
+    """Short vs long T at equal tokens per step: ``rate_long - rate_short`` per seed, the sink
+    rate of Barbero et al. (the fraction of heads whose first-token mass over all queries
+    exceeds eps 0.3) at the last checkpoint; raw mass, r and uniform's mass shown beside it."""
     m = Measurement(
         sizes={
             "compared": "seq_len at equal seq_len x batch_size",
             "variant": "softmax",
-            "quantity": "r = first-token mass / uniform's (switching head, non-trigger queries)",
-            "also_reported": "sink rate (all heads, eps 0.3), raw first-token mass",
+            "quantity": "sink rate: fraction of heads whose first-token mass (mean over queries "
+            "t >= 1 of 16 held-out sequences) exceeds eps 0.3, at the last checkpoint",
+            "also_reported": "raw first-token mass and r = m / u at non-trigger queries, "
+            "uniform's first-token mass u (it falls with T), log(r_long / r_short)",
         }
     )
     seen = _Compared()
@@ -278,10 +340,13 @@ def _length(runs: list[LabRun]) -> Measurement:
             lo,
             hi,
         )
+        rate_lo, rate_hi = _bc_rate(lo.last), _bc_rate(hi.last)
         m.samples.append(
             {
                 "sample": name,
-                "effect": math.log(r_hi / r_lo) if ok else None,
+                "effect": _diff(rate_hi, rate_lo),
+                "tail": _paired_tail(hi.tail(_bc_rate), lo.tail(_bc_rate)),
+                "log_r_ratio": math.log(r_hi / r_lo) if ok else None,
                 "seq_len": [min(by_t), max(by_t)],
                 "tokens_per_step": tokens,
                 "r": {str(min(by_t)): r_lo, str(max(by_t)): r_hi},
@@ -289,7 +354,12 @@ def _length(runs: list[LabRun]) -> Measurement:
                     str(t): number(by_t[t].backcopy, "first_token_mass_nontrigger")
                     for t in (min(by_t), max(by_t))
                 },
-                "sink_rate": {str(t): _sink_rate(by_t[t]) for t in (min(by_t), max(by_t))},
+                "sink_rate": {str(min(by_t)): rate_lo, str(max(by_t)): rate_hi},
+                "uniform_first_mass": {
+                    str(t): number(by_t[t].backcopy, "uniform_first_mass_nontrigger")
+                    for t in (min(by_t), max(by_t))
+                },
+                "probe_sink_rate": {str(t): _sink_rate(by_t[t]) for t in (min(by_t), max(by_t))},
                 "runs": seen.runs(lo, hi),
             }
         )
@@ -344,6 +414,7 @@ def _bos(runs: list[LabRun]) -> Measurement:
                     {
                         "sample": f"{a.name()}, {a.config['data']} vs {b.config['data']}",
                         "effect": _diff(da, db),
+                        "tail": _paired_tail(a.tail(_val("damage")), b.tail(_val("damage"))),
                         "damage_with_bos": da,
                         "damage_without_bos": db,
                         "runs": seen.runs(a, b),
@@ -364,10 +435,14 @@ def _hard_switch(runs: list[LabRun]) -> Measurement:
         nt, tr = number(bc, "first_token_mass_nontrigger"), number(bc, "first_token_mass_trigger")
         on, off = number(bc, "output_norm_trigger"), number(bc, "output_norm_nontrigger")
         seen.emerged(r.switch(), r)
+        seen.emerged(r.sink(), r)  # the claim: the switch is a sink (not a diagonal head)
+        nt_tail = r.tail(_bc("first_token_mass_nontrigger"))
+        tr_tail = r.tail(_bc("first_token_mass_trigger"))
         m.samples.append(
             {
                 "sample": r.name("layers", "seq_len"),
                 "effect": _diff(nt, tr),
+                "tail": _paired_tail(nt_tail, tr_tail),
                 "first_token_mass_nontrigger": nt,
                 "first_token_mass_trigger": tr,
                 "output_norm_ratio": off / on if on and off is not None else None,

@@ -29,8 +29,9 @@ class Measurement:
     """A claim's samples ``[{"sample": name, "effect": x | None, ...}]``, or why there are none.
 
     Lab claims also carry their ``fidelity`` (:class:`sinklab.claims.validity.Fidelity`) and the
-    ``convergence`` / ``emergence`` checks of their compared runs
-    (:class:`sinklab.claims.validity.RunCheck`, docs/claims.md#lab-validity)."""
+    ``convergence`` / ``emergence`` checks of their compared runs and, once judged, whether the
+    comparison ``settled`` (:class:`sinklab.claims.validity.RunCheck`,
+    docs/claims.md#lab-validity)."""
 
     samples: list[dict[str, Any]] = field(default_factory=list)
     not_measured: str | None = None
@@ -38,6 +39,7 @@ class Measurement:
     fidelity: Any = None
     convergence: list[Any] = field(default_factory=list)
     emergence: list[Any] = field(default_factory=list)
+    settled: Any = None  # the comparison's settling check (lab rows, set when judged)
 
     def effects(self) -> list[float | None]:
         return [s["effect"] for s in self.samples]

@@ -10,11 +10,12 @@ on backcopy"). Pure functions: the runs' criteria come from :mod:`sinklab.lab.co
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sinklab.claims.rules import Interval, Verdict, verdict
+from sinklab.claims.rules import MIN_SAMPLES, Interval, Verdict, bootstrap_interval, verdict
 from sinklab.errors import SinklabError
 
 FIDELITY_KINDS = ("same protocol", "proxy", "none")
@@ -91,6 +92,84 @@ class RunCheck:
         }
 
 
+SETTLE_MARGIN = 1.0  # the end margin must exceed this many times the tail drift
+MIN_TAIL = 3  # tail checkpoints every sample needs for the comparison to be read
+
+
+def _g(x: float) -> str:
+    return f"{x:.3g}"
+
+
+def _near_end(interval: Interval, direction: str, decided: str) -> float:
+    """The end of ``interval`` nearest the threshold for a ``decided`` verdict: the low end of a
+    supported *above* claim or a not-supported *below* one, else the high end."""
+    low_near = (direction == "above") == (decided == "supported")
+    return interval.low if low_near else interval.high
+
+
+def comparison_settled(
+    tails: Sequence[Sequence[tuple[int, float]]],
+    direction: str,
+    threshold: float,
+    *,
+    seed: int = 0,
+    margin: float = SETTLE_MARGIN,
+) -> RunCheck:
+    """Whether a lab comparison has settled (docs/claims.md#lab-validity, S1 and S2).
+
+    ``tails``: per sample, the effect at each tail checkpoint (``(step, effect)``, the last 20 %
+    of training). The samples' effects at the k-th tail checkpoint (counted from the end, so
+    samples are aligned on their own last checkpoints) give an interval and a verdict by the one
+    rule. S1: the verdict is the same decided verdict (supported or not supported) at every tail
+    checkpoint. S2: the end of the last interval nearest the threshold lies further from it
+    than ``margin`` times how far that end moved over the tail (max - min): the comparison could
+    keep moving at its tail's pace for another 20 % of training and keep its verdict.
+    """
+    criterion = (
+        f"the comparison's verdict is the same at every checkpoint of the last 20 % and its "
+        f"interval ends further from the threshold than {margin:g} x its drift there"
+    )
+    clean = [
+        [(s, float(e)) for s, e in t if e is not None and math.isfinite(float(e))] for t in tails
+    ]
+    n_tail = min((len(t) for t in clean), default=0)
+    if len(clean) < MIN_SAMPLES or n_tail < MIN_TAIL:
+        why = (
+            f"the effect at only {n_tail} tail checkpoint(s) in some sample (needs {MIN_TAIL}: "
+            "runs trained by this sinklab record the effect over the last 20 %)"
+            if len(clean) >= MIN_SAMPLES
+            else f"{len(clean)} sample(s) with a tail"
+        )
+        return RunCheck("the comparison", False, criterion, why)
+    steps = [t[-1][0] for t in clean]
+    rows = []  # oldest first: (interval, verdict)
+    for k in range(n_tail, 0, -1):
+        iv = bootstrap_interval([t[-k][1] for t in clean], seed=seed)
+        rows.append((iv, verdict(iv, direction, threshold).verdict))
+    final_v = rows[-1][1]
+    if final_v == "inconclusive":  # the rule's own inconclusive: nothing to settle
+        return RunCheck("the comparison", True, criterion, "")
+    first_step = clean[0][-n_tail][0]
+    changed = [v for _, v in rows if v != final_v]
+    if changed:
+        return RunCheck(
+            "the comparison",
+            False,
+            criterion,
+            f"its verdict changes over the last 20 % ({' -> '.join(v for _, v in rows)}, "
+            f"steps {first_step}-{max(steps)})",
+        )
+    near = [_near_end(iv, direction, final_v) for iv, _ in rows]
+    drift = max(near) - min(near)
+    gap = abs(near[-1] - float(threshold))
+    detail = (
+        f"interval end {_g(near[0])} -> {_g(near[-1])} over steps {first_step}-{max(steps)}: "
+        f"drift {_g(drift)}, {_g(gap)} from the threshold"
+    )
+    # a comparison that did not move at all has settled wherever it is (even on the threshold)
+    return RunCheck("the comparison", drift == 0 or gap > margin * drift, criterion, detail)
+
+
 def _failing(checks: Sequence[RunCheck]) -> str:
     return "; ".join(f"{c.name}: {c.reason}" for c in checks if not c.met)
 
@@ -104,15 +183,18 @@ def lab_verdict(
     emergence: Sequence[RunCheck],
     *,
     not_measured: str | None = None,
+    settled: RunCheck | None = None,
 ) -> Verdict:
     """The verdict of a lab comparison (docs/claims.md#lab-validity), in this order:
 
     1. fidelity ``none``: inconclusive, the set-up cannot show the mechanism;
     2. nothing measured: inconclusive, ``not measured: ...``;
-    3. a compared run not converged: inconclusive, which run and its numbers;
-    4. the emergence criterion failed: inconclusive, which run grew nothing;
-    5. else the one rule (:func:`sinklab.claims.rules.verdict`); a proxy's reason names its
-       scope (the verdict is about that set-up).
+    3. a compared run not converged (its copy loss above the floor): inconclusive, which run;
+    4. the emergence criterion failed: inconclusive, which run grew nothing (or solved the task
+       without a sink, or kept the sink the variant should remove);
+    5. the one rule (:func:`sinklab.claims.rules.verdict`); a decided verdict stands only when
+       the comparison has ``settled`` (:func:`comparison_settled`), else inconclusive, ``not
+       settled: ...``; a proxy's reason names its scope (the verdict is about that set-up).
     """
     if fidelity.kind == "none":
         return Verdict("inconclusive", f"no set-up here can show it: {fidelity.what}")
@@ -125,6 +207,10 @@ def lab_verdict(
     if emergence and not all(c.met for c in emergence):
         return Verdict("inconclusive", f"no emergence: {_failing(emergence)}")
     v = verdict(interval, direction, threshold)
+    if v.verdict != "inconclusive" and settled is not None and not settled.met:
+        return Verdict("inconclusive", f"not settled: {v.reason}, but {settled.reason}")
+    if v.verdict != "inconclusive" and settled is not None:
+        v = Verdict(v.verdict, f"{v.reason}; settled: {settled.reason}")
     if fidelity.kind == "proxy" and v.verdict != "inconclusive":
         return Verdict(v.verdict, f"{v.reason}, on {fidelity.scope} (a proxy: {fidelity.what})")
     return v

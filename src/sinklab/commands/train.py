@@ -73,6 +73,22 @@ def train(
     n_triggers: Annotated[
         int | None, typer.Option(help="backcopy: the N most frequent characters trigger a copy.")
     ] = None,
+    lr: Annotated[float | None, typer.Option(help="Peak learning rate, in (0, 1).")] = None,
+    warmup: Annotated[int | None, typer.Option(help="Linear warm-up steps.")] = None,
+    decay_end: Annotated[
+        float | None,
+        typer.Option(
+            help="Fraction of the steps at which the cosine reaches 0.1 x lr, then holds "
+            "(1: decays over the whole run)."
+        ),
+    ] = None,
+    weight_decay: Annotated[
+        float | None, typer.Option(help="AdamW weight decay of the matrices, in [0, 1).")
+    ] = None,
+    n_checkpoints: Annotated[
+        int | None,
+        typer.Option(help="Probed checkpoints, log-spaced (plus step 0 and 5 in the last 20 %)."),
+    ] = None,
     seed: SeedOpt = 0,
     sweep: Annotated[
         Sweep | None,
@@ -130,6 +146,11 @@ def train(
         vocab_size=vocab_size,
         device=device,
         n_triggers=n_triggers,
+        lr=lr,
+        warmup=warmup,
+        decay_end=decay_end,
+        weight_decay=weight_decay,
+        n_checkpoints=n_checkpoints,
     )
     # under torchrun (or another env:// launcher) this process is one rank of one run
     ranks = Ranks.from_env() if Ranks.launched() else None

@@ -223,7 +223,11 @@ def backcopy_validation(
 
     Both inputs are scored on the same targets, ``ids[:, 2:]``, except a copy whose source is the
     removed first token (possible without BOS only). ``damage`` = ``ppl_without_first /
-    ppl_with_first - 1``; ``backcopy_loss_*``: mean NLL (nats) of the copied targets only.
+    ppl_with_first - 1``; ``backcopy_loss_*``: mean NLL (nats) of the copied targets only;
+    ``backcopy_loss_median``: the median over the sequences (with the first token) of each
+    sequence's mean copy NLL, the robust statistic the copy-loss floor reads
+    (docs/claims.md#lab-validity: one odd sequence can carry most of a mean), over the
+    ``n_sequences`` sequences that hold a copy.
     """
     ids, copied = data.held_out(n, seed + _EVAL_STREAM)
     ids, copied = ids.to(device), copied.to(device)
@@ -241,6 +245,12 @@ def backcopy_validation(
         per = torch.cat(nll)  # (N, T - 2)
         out[f"nll_{name}"] = float(per[keep].mean())
         out[f"backcopy_loss_{name}"] = float(per[keep & is_copy].mean())
+        if name == "with_first":
+            mask = (keep & is_copy).double()  # (N, T - 2)
+            has = mask.sum(1) > 0
+            seq = (per.double() * mask).sum(1)[has] / mask.sum(1)[has]  # (N',) per sequence
+            out["median"] = float(seq.median()) if seq.numel() else float("nan")
+            out["n_sequences"] = int(has.sum())
     ppl_w, ppl_wo = math.exp(out["nll_with_first"]), math.exp(out["nll_without_first"])
     return {
         "ppl_with_first": ppl_w,
@@ -248,4 +258,6 @@ def backcopy_validation(
         "damage": ppl_wo / ppl_w - 1,
         "backcopy_loss_with_first": out["backcopy_loss_with_first"],
         "backcopy_loss_without_first": out["backcopy_loss_without_first"],
+        "backcopy_loss_median": out["median"],
+        "n_sequences": out["n_sequences"],
     }

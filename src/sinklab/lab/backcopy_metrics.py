@@ -7,6 +7,9 @@ query when token ``t`` is a trigger (the head should copy: attend to ``t - 1``) 
 only itself). Per head (means over the queries of a kind, over every sequence):
 
 * ``first_token_mass_nontrigger`` / ``first_token_mass_trigger``: ``A[t, 0]``;
+* ``first_token_mass``: ``A[t, 0]`` over every query ``t >= 1``: the head's sink score as
+  Barbero et al. and Gu et al. read it (``sink_rate``, per model: the fraction of heads whose
+  score exceeds :data:`SINK_EPS`);
 * ``prev_token_mass_trigger``: ``A[t, t - 1]``;
 * ``null_mass_nontrigger``: ``1 - sum_j A[t, j]``: the invisible slot's mass for softmax1 and
   sink (learned logit), 0 for softmax and gated; for sigmoid and relu the weights are not
@@ -38,7 +41,9 @@ from sinklab.lab.backcopy import BigramTable
 from sinklab.models.arch import input_device
 from sinklab.seam import AttentionChunk, AttentionHandler, sinklab_attention
 
+SINK_EPS = 0.3  # a sink head: first-token mass over the queries above this (Gu et al. 2025)
 HEAD_KEYS = (
+    "first_token_mass",
     "first_token_mass_nontrigger",
     "first_token_mass_trigger",
     "prev_token_mass_trigger",
@@ -51,6 +56,7 @@ HEAD_KEYS = (
     "uniform_first_mass_nontrigger",
 )
 _SUMS = (
+    ("first_all", "all"),
     ("first_nt", "nt"),
     ("first_tr", "tr"),
     ("prev_tr", "tr"),
@@ -75,7 +81,7 @@ class BackcopyCapture(AttentionHandler):
         if layer not in self.sums:
             z = torch.zeros(h, dtype=torch.float64)
             self.sums[layer] = {name: z.clone() for name, _ in _SUMS}
-            self.sums[layer].update(nt=z.clone(), tr=z.clone(), bos_v=z.clone())
+            self.sums[layer].update(nt=z.clone(), tr=z.clone(), all=z.clone(), bos_v=z.clone())
             self.sums[layer]["tok"] = torch.zeros(h, self.vocab_size, dtype=torch.float64)
         return self.sums[layer]
 
@@ -87,6 +93,7 @@ class BackcopyCapture(AttentionHandler):
         trig = self.trigger[:, pos]  # (B, c)
         real = (pos >= 1)[None, :]  # query 0 sees only itself
         masks = {"nt": (~trig & real).double(), "tr": (trig & real).double()}  # (B, c)
+        masks["all"] = masks["nt"] + masks["tr"]
 
         def at(offset: int) -> Tensor:  # A[t, t + offset]: (B, H, c)
             idx = (pos + offset).clamp(0, tk - 1).view(1, 1, c, 1).expand(b, h, c, 1)
@@ -98,6 +105,7 @@ class BackcopyCapture(AttentionHandler):
         if gate is not None:
             out = out * gate
         values = {
+            "first_all": w[..., 0],
             "first_nt": w[..., 0],
             "first_tr": w[..., 0],
             "prev_tr": at(-1),
@@ -130,6 +138,7 @@ class BackcopyCapture(AttentionHandler):
             s = self.sums[layer]
             nt, tr = s["nt"].clamp_min(1), s["tr"].clamp_min(1)
             row = {
+                "first_token_mass": s["first_all"] / s["all"].clamp_min(1),
                 "first_token_mass_nontrigger": s["first_nt"] / nt,
                 "first_token_mass_trigger": s["first_tr"] / tr,
                 "prev_token_mass_trigger": s["prev_tr"] / tr,
@@ -159,7 +168,9 @@ def backcopy_summary(
     model: nn.Module, ids: Tensor, copied: Tensor, table: BigramTable
 ) -> dict[str, Any]:
     """``checkpoints[i].backcopy``: the keys of the head with the largest non-trigger first-token
-    mass (``head`` = [layer, head]), ``backcopy_loss`` and ``per_head`` (every key, L x H)."""
+    mass (``head`` = [layer, head]), ``backcopy_loss``, ``sink_rate`` (``{"0.3": fraction of
+    heads whose first-token mass over all queries exceeds SINK_EPS}``) and ``per_head`` (every
+    key, L x H)."""
     device = input_device(model)
     ids, copied = ids.to(device), copied.to(device)
     trigger = table.is_trigger(ids)
@@ -187,4 +198,12 @@ def backcopy_summary(
     flat = int(mass.argmax())
     layer, head = divmod(flat, mass.shape[1])
     best = {k: heads[k][layer][head] for k in heads}
-    return {**best, "backcopy_loss": loss, "head": [layer, head], "per_head": heads}
+    score = torch.tensor(heads["first_token_mass"])  # (L, H)
+    rate = {str(SINK_EPS): float((score > SINK_EPS).double().mean())}
+    return {
+        **best,
+        "backcopy_loss": loss,
+        "head": [layer, head],
+        "sink_rate": rate,
+        "per_head": heads,
+    }

@@ -36,6 +36,7 @@ class TrainConfig:
     batch_size: int = 16
     lr: float = 2e-3
     warmup: int = 100
+    decay_end: float = 1.0  # the cosine reaches 0.1 x lr at this fraction of steps, then holds
     weight_decay: float = 0.1
     seed: int = 0
     device: str = "cpu"
@@ -97,8 +98,16 @@ class TrainConfig:
             )
         if not 0 < self.lr < 1:
             raise SinklabError(f"--lr must be in (0, 1), got {self.lr}")
-        if self.n_checkpoints < 1 or self.eval_windows < 1:
-            raise SinklabError("n_checkpoints and eval_windows must be >= 1")
+        if self.warmup < 0:
+            raise SinklabError(f"--warmup must be >= 0, got {self.warmup}")
+        if not 0 <= self.weight_decay < 1:
+            raise SinklabError(f"--weight-decay must be in [0, 1), got {self.weight_decay}")
+        if not 0 < self.decay_end <= 1:
+            raise SinklabError(f"--decay-end must be in (0, 1], got {self.decay_end}")
+        if self.n_checkpoints < 1:
+            raise SinklabError(f"--n-checkpoints must be >= 1, got {self.n_checkpoints}")
+        if self.eval_windows < 1:
+            raise SinklabError(f"eval_windows must be >= 1, got {self.eval_windows}")
         if self.n_triggers < 1:
             raise SinklabError(f"--n-triggers must be >= 1, got {self.n_triggers}")
         if not 1 <= self.vocab_size <= MAX_VOCAB:

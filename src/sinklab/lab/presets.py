@@ -86,6 +86,11 @@ OPTION_FIELDS = (
     "vocab_size",
     "device",
     "n_triggers",
+    "lr",
+    "warmup",
+    "decay_end",
+    "weight_decay",
+    "n_checkpoints",
     "seed",
 )
 

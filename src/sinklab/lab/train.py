@@ -115,10 +115,12 @@ def load_result(out: Path) -> TrainResult | None:
 
 
 def _lr_at(step: int, config: TrainConfig) -> float:
-    """Linear warm-up, then cosine decay to 10 % of ``lr``."""
+    """Linear warm-up, then cosine decay to 10 % of ``lr`` at step ``decay_end x steps``, held
+    there to the end (``decay_end`` 1: the decay spans the whole run)."""
     if step < config.warmup:
         return config.lr * (step + 1) / config.warmup
-    frac = (step - config.warmup) / max(1, config.steps - config.warmup)
+    end = config.decay_end * config.steps
+    frac = (step - config.warmup) / max(1.0, end - config.warmup)
     return config.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, frac))))
 
 
@@ -260,6 +262,10 @@ def train(
             row["backcopy"] = backcopy_summary(
                 model, probe_in["ids"], probe_in["copied"], data.table
             )
+            if step >= tail_start(config.steps):  # the tail: what the comparison rule reads
+                row["val"] = backcopy_validation(
+                    model, data, config.eval_windows, config.seed, config.device
+                )
         if out is not None and (config.keep_checkpoints or step == config.steps):
             folder = out / "checkpoints" / f"step-{step}"
             model.save_pretrained(folder)
