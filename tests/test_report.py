@@ -23,8 +23,8 @@ from pathlib import Path
 import pytest
 
 from helpers import assert_one_line_error, run_main
+from sinklab.report.cells import aggregate, lookup
 from sinklab.report.html import fmt
-from sinklab.report.stages import aggregate, lookup
 
 # the `sinklab` subcommand that reproduces each stage
 STAGE_COMMANDS = {
@@ -289,7 +289,7 @@ def test_failing_stage_shows_error_and_others_remain(tiny_model_dir, tmp_path):
     from sinklab.figures import curves
     from sinklab.models.loading import load_model
     from sinklab.report import ReportConfig, Stage, StageOutput, build_report, select_stages
-    from sinklab.report.stages import Cell, FigureSpec, TableSpec
+    from sinklab.report.cells import Cell, FigureSpec, TableSpec
 
     def boom(ctx):
         raise RuntimeError("the stage broke on purpose")

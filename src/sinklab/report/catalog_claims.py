@@ -5,16 +5,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from sinklab.report.stages import (
-    Cell,
-    FigureSpec,
-    ReportConfig,
-    Stage,
-    StageContext,
-    StageOutput,
-    TableSpec,
-    reproduce_dir,
-)
+from sinklab.report.cells import Cell, FigureSpec, TableSpec
+from sinklab.report.config import ReportConfig
+from sinklab.report.stages import Stage, StageContext, StageOutput, reproduce_dir
 
 ABOUT = (
     "Each claim of the attention-sink papers sinklab implements, measured on this model over "
