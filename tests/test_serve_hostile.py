@@ -287,3 +287,29 @@ def test_a_whole_reply_whose_client_left_is_not_committed(served):
         assert got == 1, served.log[-3000:]
     assert "client gone; the turn was not applied" in served.log
     assert "Traceback" not in served.log
+
+
+def test_a_turn_answered_504_is_not_committed(chat_dir, tmp_path):
+    """--request-timeout 1 and a prompt read one token a step: the turn is answered 504 (JSON)
+    between prefill pieces, long before its prompt is read, and the session keeps its turns;
+    the next turn is answered."""
+    sessions = tmp_path / "sessions"
+    more = ("--request-timeout", "1", "--prefill-chunk", "1", "--max-tokens", "4")
+    server = Served(*_args(chat_dir, sessions, *more))
+    url, a = server.base + "/chat/completions", _auth("key-a")
+    try:
+        with httpx.Client(timeout=120) as http:
+            ok = http.post(url, json=_body(str(chat_dir), "hi", session_id="slow"), headers=a)
+            assert ok.status_code == 200, ok.text
+            long = " ".join(["to be or not to be that is the question"] * 800)
+            start = time.monotonic()
+            resp = http.post(url, json=_body(str(chat_dir), long, session_id="slow"), headers=a)
+            _refused(resp, 504, "--request-timeout")
+            assert time.monotonic() - start < 30
+            row = http.get(server.base + "/sessions/slow", headers=a).json()
+            assert row["turns"] == 1 and row["tokens_seen"] == ok.json()["session"]["tokens_seen"]
+            again = http.post(url, json=_body(str(chat_dir), "again", session_id="slow"), headers=a)
+            assert again.json()["session"]["turns"] == 2, again.text
+    finally:
+        server.stop()
+    assert "Traceback" not in server.log
