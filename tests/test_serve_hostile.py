@@ -313,3 +313,83 @@ def test_a_turn_answered_504_is_not_committed(chat_dir, tmp_path):
     finally:
         server.stop()
     assert "Traceback" not in server.log
+
+
+def _open_post(port: int, key: str, length: int, sent: bytes) -> socket.socket:
+    """A POST whose body is announced as ``length`` bytes and only ``sent`` of it arrives."""
+    s = socket.create_connection(("127.0.0.1", port), timeout=30)
+    s.sendall(
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer %s\r\n"
+        b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"
+        % (key.encode(), length, sent)
+    )
+    return s
+
+
+def _read_all(s: socket.socket) -> bytes:
+    out = b""
+    while chunk := s.recv(65536):
+        out += chunk
+    return out
+
+
+def test_one_key_cannot_hold_the_server_and_tenants_see_nothing_of_each_other(chat_dir, tmp_path):
+    """--max-requests-per-key 2: two trickled bodies of key a hold its two slots, so a third
+    request of a gets 429 (JSON, Retry-After) before its body is read, while key b is answered;
+    b naming a's session (GET, DELETE) gets the 404 it gets for an absent or malformed id, and
+    a's session and files stay; the trickled bodies get 408 after --header-timeout, which frees
+    a's slots. --max-connections-per-client 4: a fifth connection gets 503 JSON;
+    --idle-timeout 1: a kept-alive connection is closed a second after its answer."""
+    sessions = tmp_path / "sessions"
+    more = ("--max-requests-per-key", "2", "--header-timeout", "3", "--idle-timeout", "1",
+            "--max-connections-per-client", "4")  # fmt: skip
+    server = Served(*_args(chat_dir, sessions, *more))
+    port = int(server.url.rsplit(":", 1)[1])
+    model, a, b = str(chat_dir), _auth("key-a"), _auth("key-b")
+    url = server.base + "/chat/completions"
+    fresh = httpx.Limits(max_keepalive_connections=0)  # a new connection each request
+    try:
+        with httpx.Client(timeout=60, limits=fresh) as http:
+            assert http.post(url, json=_body(model, "hi", session_id="keep"), headers=a).is_success
+            files = _snapshot(sessions)
+            held = [_open_post(port, "key-a", 400, b'{"model": ') for _ in range(2)]
+            time.sleep(0.5)  # both in flight, their bodies awaited
+            over = http.get(server.base + "/sessions", headers=a)
+            _refused(over, 429, "--max-requests-per-key 2")
+            assert over.json()["error"]["code"] == "too_many_requests"
+            assert over.headers["retry-after"] == "1"
+            assert http.get(server.base + "/sessions", headers=b).json()["data"] == []
+            assert http.post(url, json=_body(model, "mine"), headers=b).is_success
+            for method in ("GET", "DELETE"):
+                theirs = http.request(method, server.base + "/sessions/keep", headers=b)
+                for absent in ("nobody", "bad.id"):
+                    resp = http.request(method, server.base + f"/sessions/{absent}", headers=b)
+                    assert resp.status_code == theirs.status_code == 404
+                    assert resp.text.replace(absent, "keep") == theirs.text
+                    assert set(resp.headers) == set(theirs.headers)
+            for s in held:  # the trickled bodies: 408 after --header-timeout, then closed
+                with s:
+                    status, body = _json_of(_read_all(s))
+                    assert status == 408 and body["error"]["code"] == "request_timeout"
+            assert http.get(server.base + "/sessions/keep", headers=a).json()["turns"] == 1
+            assert {n: d for n, d in _snapshot(sessions).items() if n in files} == files
+        # connections per client address: four open, the fifth refused with 503 JSON
+        idle = [socket.create_connection(("127.0.0.1", port), timeout=30) for _ in range(4)]
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=30) as fifth:
+                status, body = _json_of(_read_all(fifth))
+            assert status == 503 and body["error"]["code"] == "too_many_connections"
+        finally:
+            for s in idle:
+                s.close()
+        time.sleep(0.5)
+        with socket.create_connection(("127.0.0.1", port), timeout=30) as s:
+            s.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+            start, out = time.monotonic(), b""
+            while chunk := s.recv(65536):
+                out += chunk
+            waited = time.monotonic() - start
+        assert b'"status":"ok"' in out.replace(b" ", b"") and 0.5 < waited < 3, (out, waited)
+    finally:
+        server.stop()
+    assert "Traceback" not in server.log and "Exception in ASGI" not in server.log

@@ -21,6 +21,7 @@ from starlette.exceptions import HTTPException
 
 from sinklab.serve.config import ServeConfig
 from sinklab.serve.engine import Engine, Job
+from sinklab.serve.limits import PerKey, tenant_for
 from sinklab.serve.metrics import Metrics
 from sinklab.serve.protocol import (
     SESSION_ID,
@@ -52,14 +53,9 @@ class Server:
     # ---------------------------------------------------------------- checks
     def tenant(self, request: Request) -> str:
         """The tenant of the request's key (401 without a known one); '' when keys are off."""
-        if not self.config.api_keys:
-            return ""
-        header = request.headers.get("authorization", "")
-        scheme, _, key = header.partition(" ")
-        if scheme.lower() == "bearer" and key:
-            for known, tenant in self.config.tenants.items():
-                if hmac.compare_digest(known.encode(), key.strip().encode("utf-8", "replace")):
-                    return tenant
+        tenant = tenant_for(self.config, request.headers.get("authorization", ""))
+        if tenant is not None:
+            return tenant
         raise ApiError(
             401,
             "a valid API key is required: send 'Authorization: Bearer KEY'",
@@ -431,6 +427,7 @@ def build_app(
     app.add_api_route("/health", server.health, methods=["GET"])
     app.add_api_route("/metrics", server.prometheus, methods=["GET"])
 
+    app.add_middleware(PerKey, config=config)  # inside: its 429s are counted too
     app.add_middleware(_Counted, metrics=metrics)
 
     @app.exception_handler(ApiError)
