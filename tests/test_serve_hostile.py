@@ -202,7 +202,7 @@ def test_the_sessions_folder_is_sinklabs_own(chat_dir, tmp_path, capsys):
     (folder / "config.json").write_text('{"mine": true}')
     again = Served(*_args(chat_dir, folder, "--metrics-key", "watcher"))
     try:
-        assert "session file config.json refused" in again.log
+        assert "are not sinklab's (config.json, package.json); not read" in again.log
         with httpx.Client(timeout=60) as http:
             url = again.base + "/chat/completions"
             assert http.post(url, json=_body(str(chat_dir), "hi"), headers=_auth("key-b"))
