@@ -393,3 +393,21 @@ def test_one_key_cannot_hold_the_server_and_tenants_see_nothing_of_each_other(ch
     finally:
         server.stop()
     assert "Traceback" not in server.log and "Exception in ASGI" not in server.log
+
+
+def test_a_client_gone_mid_body_is_one_log_line(served):
+    """A client that announces a body, sends part of it and closes: one log line, no 500
+    counted, no traceback; the server answers the next request."""
+    port = int(served.url.rsplit(":", 1)[1])
+    before = served.log.count("client gone during POST /v1/chat/completions")
+    _open_post(port, "key-a", 4000, b'{"model": "m", "messages": [').close()
+    for _ in range(100):
+        if served.log.count("client gone during POST /v1/chat/completions") > before:
+            break
+        time.sleep(0.1)
+    assert served.log.count("client gone during POST /v1/chat/completions") == before + 1
+    assert "internal error" not in served.log and "Traceback" not in served.log
+    with httpx.Client(timeout=30) as http:
+        metrics = http.get(served.url + "/metrics", headers=_auth("key-a")).text
+        assert 'status="500"' not in metrics
+        assert http.get(served.url + "/health").json()["status"] == "ok"

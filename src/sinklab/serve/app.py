@@ -18,6 +18,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException
+from starlette.requests import ClientDisconnect
 
 from sinklab.serve.config import ServeConfig
 from sinklab.serve.engine import Engine, Job
@@ -445,6 +446,8 @@ def build_app(
 
     @app.exception_handler(Exception)
     async def crash(request: Request, err: Exception) -> Response:
+        if isinstance(err, (ClientDisconnect, ConnectionError)):
+            return Response(status_code=499)  # no one to answer: the guard logs it in one line
         log(f"internal error on {request.method} {request.url.path}: {type(err).__name__}: {err}")
         if os.environ.get("SINKLAB_DEBUG"):
             import traceback
