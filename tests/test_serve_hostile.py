@@ -411,3 +411,31 @@ def test_a_client_gone_mid_body_is_one_log_line(served):
         metrics = http.get(served.url + "/metrics", headers=_auth("key-a")).text
         assert 'status="500"' not in metrics
         assert http.get(served.url + "/health").json()["status"] == "ok"
+
+
+@pytest.mark.parametrize(
+    ("extra", "param", "needle"),
+    [
+        (b'"temperature": NaN', "temperature", "finite"),
+        (b'"top_p": Infinity', "top_p", "finite"),
+        (b'"presence_penalty": -Infinity', "presence_penalty", "finite"),
+        (b'"max_tokens": true', "max_tokens", "valid integer"),
+        (b'"max_tokens": "2"', "max_tokens", "valid integer"),
+        (b'"stream": 1', "stream", "valid boolean"),
+        (b'"logit_bias": {"\\u0663": 1}', "logit_bias", "not a token id"),
+        (b'"max_tokens": ' + b"9" * 5000, None, "not valid JSON"),
+    ],
+)
+def test_values_openai_refuses_are_refused_not_coerced(served, extra, param, needle):
+    """NaN and infinities, a bool or a string for a number, a non-ASCII digit as a token id, an
+    integer of 5,000 digits: each a 400 naming the field, never read as something else."""
+    body = b'{"model": "%s", "messages": [{"role": "user", "content": "x"}], %s}' % (
+        served.model.encode(),
+        extra,
+    )
+    url = served.base + "/chat/completions"
+    with httpx.Client(timeout=60) as http:
+        resp = http.post(url, content=body, headers=_auth("key-b"))
+    _refused(resp, 400, needle)
+    assert resp.json()["error"]["param"] == param
+    assert "Traceback" not in served.log

@@ -121,11 +121,11 @@ class ChatRequest(BaseModel):
     messages: list[Message] = Field(min_length=1)
     max_tokens: int | None = Field(default=None, ge=1)
     max_completion_tokens: int | None = Field(default=None, ge=1)
-    temperature: float | None = Field(default=None, ge=0, le=2)
-    top_p: float | None = Field(default=None, ge=0, le=1)
+    temperature: float | None = Field(default=None, ge=0, le=2, allow_inf_nan=False)
+    top_p: float | None = Field(default=None, ge=0, le=1, allow_inf_nan=False)
     top_k: int | None = Field(default=None, ge=0)  # an extension (vLLM, llama.cpp): 0 is off
-    presence_penalty: float | None = Field(default=None, ge=-2, le=2)
-    frequency_penalty: float | None = Field(default=None, ge=-2, le=2)
+    presence_penalty: float | None = Field(default=None, ge=-2, le=2, allow_inf_nan=False)
+    frequency_penalty: float | None = Field(default=None, ge=-2, le=2, allow_inf_nan=False)
     logit_bias: dict[str, float] | None = None
     logprobs: bool | None = None
     top_logprobs: int | None = Field(default=None, ge=0, le=20)
@@ -157,7 +157,7 @@ class ChatRequest(BaseModel):
     @classmethod
     def _bias(cls, value: dict[str, float] | None) -> dict[str, float] | None:
         for key, bias in (value or {}).items():
-            if not key.isdigit() or len(key) > 12:
+            if not re.fullmatch(r"[0-9]{1,12}", key):  # ASCII digits (str.isdigit takes '٣')
                 raise ValueError(f"key {key!r} is not a token id (a non-negative integer)")
             if not (math.isfinite(bias) and -100 <= bias <= 100):
                 raise ValueError(f"the bias of token {key} must be in -100..100")
@@ -220,7 +220,7 @@ def parse_request(body: bytes) -> ChatRequest:
         raise ApiError(400, "the request body must be a JSON object", code="invalid_json")
     _refuse_unsupported(data)
     try:
-        req = ChatRequest.model_validate(data)
+        req = ChatRequest.model_validate(data, strict=True)  # no "2" for 2, no true for 1
     except ValidationError as err:
         first = err.errors()[0]
         where = ".".join(str(x) for x in first["loc"]) or "body"
