@@ -439,3 +439,64 @@ def test_values_openai_refuses_are_refused_not_coerced(served, extra, param, nee
     _refused(resp, 400, needle)
     assert resp.json()["error"]["param"] == param
     assert "Traceback" not in served.log
+
+
+def _stream_times(url: str, body: dict, key: str, out: list[float], stop) -> None:
+    """Stream ``body``, noting the arrival time of each chunk with text, until ``stop`` is set."""
+    with (
+        httpx.Client(timeout=120) as http,
+        http.stream("POST", url, json=body, headers=_auth(key)) as resp,
+    ):
+        for line in resp.iter_lines():
+            if line.startswith("data: {") and json.loads(line[6:])["choices"][0]["delta"].get(
+                "content"
+            ):
+                out.append(time.monotonic())
+            if stop.is_set():
+                return
+
+
+def test_a_long_prompt_does_not_stop_another_sessions_stream(chat_dir, chat_tokenizer, tmp_path):
+    """Over HTTP: while key a streams a reply, key b sends a prompt of some 1,000 tokens; with
+    --prefill-chunk 8 it is read a piece a step between a's tokens: a receives a token at least
+    every fifth piece, and its longest wait is a small part of b's whole read. (It fails when
+    the engine reads a whole prompt before the next decode step: a then waits for all of it.)"""
+    import threading
+
+    from test_chat import TURNS
+
+    more = ("--prefill-chunk", "8", "--max-tokens", "2000", "--max-batch", "4")
+    server = Served(*_args(chat_dir, tmp_path / "sessions", *more))
+    url, model = server.base + "/chat/completions", str(chat_dir)
+    no_end = {str(t): -100 for t in chat_tokenizer.all_special_ids}  # a runs to max_tokens
+    times: list[float] = []
+    stop = threading.Event()
+    talk = {**_body(model, TURNS[0], session_id="talk"), "max_tokens": 2000, "stream": True,
+            "temperature": 0, "logit_bias": no_end}  # fmt: skip
+    talker = threading.Thread(target=_stream_times, args=(url, talk, "key-a", times, stop))
+    try:
+        talker.start()
+        for _ in range(600):
+            if len(times) >= 5:
+                break
+            time.sleep(0.05)
+        assert len(times) >= 5, server.log[-2000:]
+        long_text = " ".join(TURNS * 20)
+        with httpx.Client(timeout=300) as http:
+            start = time.monotonic()
+            resp = http.post(url, json={**_body(model, long_text), "max_tokens": 1},
+                             headers=_auth("key-b"))  # fmt: skip
+            end = time.monotonic()
+        assert resp.status_code == 200, resp.text
+        read = resp.json()["usage"]["prompt_tokens"]
+        assert read > 700
+        during = [t for t in times if start < t < end]
+        gaps = [b - a for a, b in zip([start, *during], [*during, end], strict=True)]
+        stop.set()
+        talker.join(timeout=120)
+        assert len(during) >= read // 8 // 5, (len(during), read)
+        assert max(gaps) < (end - start) / 5, (max(gaps), end - start)
+    finally:
+        stop.set()
+        server.stop()
+    assert "Traceback" not in server.log
