@@ -36,6 +36,8 @@ from sinklab.serve.protocol import (
 )
 from sinklab.serve.registry import not_found
 from sinklab.serve.sessions import Session
+from sinklab.serve.tools import END as TOOL_END
+from sinklab.serve.tools import seen_as
 
 
 def _error(err: ApiError) -> JSONResponse:
@@ -142,9 +144,13 @@ class Server:
             )
         # unseeded: a fresh seed, returned so the reply can be replayed (53 bits: exact in JSON)
         seed = req.seed if req.seed is not None else secrets.randbits(53)
+        tools = self._tools(req)
         messages = [m.as_dict() for m in req.messages]
         registry = self.engine.registry
-        session, new, created = registry.acquire(tenant, req.session_id, messages)
+        session, new, created = registry.acquire(tenant, req.session_id, messages, tools)
+        stops = req.stops()
+        if tools is not None and req.parallel_tool_calls is False:
+            stops.append(TOOL_END)  # at most one call: the reply ends with its first
         loop = asyncio.get_running_loop()
         events: asyncio.Queue[tuple[str, Any]] = asyncio.Queue()
         job = Job(
@@ -153,12 +159,13 @@ class Server:
             max_tokens,
             req.temperature,
             seed,
-            req.stops(),
+            stops,
             time.monotonic() + cfg.request_timeout_s,
             lambda ev: loop.call_soon_threadsafe(events.put_nowait, ev),
             created=created,
             deferred=True,  # applied once the client can have it (see _whole, _stream)
             sampling=sampling,
+            tool_names=frozenset(t["function"]["name"] for t in tools or ()),
         )
         try:
             self.engine.submit(job)
@@ -172,6 +179,32 @@ class Server:
                 headers={"Cache-Control": "no-cache"},
             )
         return await self._whole(request, job, events)
+
+    def _tools(self, req: ChatRequest) -> list[dict[str, Any]] | None:
+        """The request's tools as the template renders them (None: no tools), or a 400: a model
+        whose template does not render tools, a streamed reply with tools."""
+        used = [i for i, m in enumerate(req.messages) if m.uses_tools()]
+        if (req.tools_on() or used) and not self.engine.tools_ok:
+            param = "tools" if req.tools_on() else f"messages.{used[0]}"
+            raise ApiError(
+                400,
+                f"{param}: this model's chat template does not render tools ({self.config.model_id}"
+                " has no tool support); serve a model whose template does (e.g. qwen2.5-0.5b)",
+                code="unsupported_parameter",
+                param=param,
+            )
+        if not req.tools_on():
+            return None
+        if req.stream:
+            raise ApiError(
+                400,
+                "stream: a streamed reply with tools is not supported in this version (its calls "
+                "are parsed from the whole reply); send stream: false",
+                code="unsupported_parameter",
+                param="stream",
+            )
+        assert req.tools is not None
+        return [t.model_dump(exclude_none=True) for t in req.tools]
 
     async def _whole(self, request: Request, job: Job, events: asyncio.Queue) -> Response:
         """The reply as one response; a client gone while it is made (checked every second)
@@ -213,6 +246,8 @@ class Server:
                         extra,
                         value["logprobs"],
                     )
+                    if value["tool_calls"]:
+                        body["choices"][0]["message"]["tool_calls"] = value["tool_calls"]
                     return JSONResponse(body)
         except asyncio.CancelledError:  # the client went away: the turn is dropped
             job.cancelled.set()
@@ -325,7 +360,12 @@ class Server:
     async def session(self, request: Request) -> Response:
         s = self.owned(self.tenant(request), request.path_params["sid"])
         return JSONResponse(
-            {"id": s.id, "object": "session", **s.summary(), "messages": s.chat.messages}
+            {
+                "id": s.id,
+                "object": "session",
+                **s.summary(),
+                "messages": [seen_as(m) for m in s.chat.messages],
+            }
         )
 
     async def delete_session(self, request: Request) -> Response:

@@ -1,0 +1,131 @@
+"""Tools on a model whose chat template renders them (the zoo's qwen2.5-0.5b), through the real
+server and the official ``openai`` client: the template renders the request's tools, the model's
+call is parsed into ``tool_calls`` (``finish_reason: "tool_calls"``), the client sends the call
+and the tool's result back and the same session continues; what is not supported with tools is
+refused with a 400 naming it (docs/serve.md#tools). The refusal on a template without tools is
+in tests/test_serve_sampling.py."""
+
+from __future__ import annotations
+
+import json
+
+import openai
+import pytest
+
+from serving import Served
+
+QWEN = "qwen2.5-0.5b"
+WEATHER = [
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "description": "Get the current weather in a city",
+            "parameters": {
+                "type": "object",
+                "properties": {"city": {"type": "string"}},
+                "required": ["city"],
+            },
+        },
+    }
+]
+ASK = "What is the weather in Paris right now?"
+
+
+@pytest.fixture(scope="module")
+def qwen(tmp_path_factory):
+    from sinklab.models.zoo import ZOO, dequantized_dir, is_ready
+
+    if not is_ready(dequantized_dir(ZOO[QWEN])):
+        pytest.fail(f"{QWEN} is not installed: run `sinklab models install {QWEN}`")
+    sessions = tmp_path_factory.mktemp("tools") / "sessions"
+    served = Served("--model", QWEN, "--api-key", "k", "--max-tokens", "48",
+                    "--sessions", str(sessions), timeout=600)  # fmt: skip
+    yield served
+    served.stop()
+
+
+@pytest.fixture(scope="module")
+def client(qwen) -> openai.OpenAI:
+    return openai.OpenAI(base_url=qwen.base, api_key="k", max_retries=0, timeout=600)
+
+
+def test_a_call_is_parsed_and_its_result_continues_the_session(qwen, client):
+    messages = [{"role": "user", "content": ASK}]
+    out = client.chat.completions.create(
+        model=QWEN, messages=messages, tools=WEATHER, temperature=0, max_tokens=40
+    )
+    choice = out.choices[0]
+    assert choice.finish_reason == "tool_calls", choice
+    (call,) = choice.message.tool_calls
+    assert call.type == "function" and call.function.name == "get_weather"
+    assert json.loads(call.function.arguments) == {"city": "Paris"}
+    assert call.id.startswith("call_") and choice.message.content is None
+    # the conversation sent back as the client has it: the same session continues, the tool's
+    # answer read after what the session holds
+    messages += [
+        choice.message.model_dump(exclude_none=True),
+        {"role": "tool", "tool_call_id": call.id, "content": '{"celsius": 18, "sky": "clear"}'},
+    ]
+    again = client.chat.completions.create(
+        model=QWEN, messages=messages, tools=WEATHER, temperature=0, max_tokens=30
+    )
+    sid = out.model_extra["session_id"]
+    assert again.model_extra["session_id"] == sid
+    assert again.model_extra["session"]["turns"] == 2
+    cached = again.usage.prompt_tokens_details.cached_tokens
+    assert cached == out.model_extra["session"]["tokens_seen"] > 0
+    reply = again.choices[0]  # the model may call again or answer: either is reported as such
+    assert (reply.finish_reason == "tool_calls") == bool(reply.message.tool_calls)
+    assert reply.message.tool_calls or reply.message.content
+    import httpx
+
+    held = httpx.get(f"{qwen.base}/sessions/{sid}", headers={"Authorization": "Bearer k"}).json()
+    assert held["messages"][:3] == [
+        messages[0],
+        {"role": "assistant", "content": "", "tool_calls": [
+            {"id": call.id, "type": "function",
+             "function": {"name": "get_weather", "arguments": {"city": "Paris"}}}]},
+        messages[2],
+    ]  # fmt: skip
+    # the session's conversation as the client has it, and its tools are its own
+    with pytest.raises(openai.BadRequestError) as err:
+        client.chat.completions.create(
+            model=QWEN, messages=[{"role": "user", "content": "and in Rome?"}], max_tokens=2,
+            extra_body={"session_id": sid},
+        )  # fmt: skip
+    assert err.value.body["param"] == "tools" and "other tools" in err.value.body["message"]
+    assert "Traceback" not in qwen.log
+
+
+@pytest.mark.parametrize(
+    ("extra", "param", "needle"),
+    [
+        ({"stream": True}, "stream", "stream: false"),
+        ({"tool_choice": "required"}, "tool_choice", "constrained decoding"),
+        ({"tool_choice": {"type": "function", "function": {"name": "get_weather"}}},
+         "tool_choice", "constrained decoding"),
+        ({"tools": [{"type": "function", "function": {"name": "bad name"}}]},
+         "tools.0.function.name", "pattern"),
+    ],
+)  # fmt: skip
+def test_what_tools_do_not_support_is_refused_naming_it(qwen, client, extra, param, needle):
+    body = {"tools": WEATHER, **extra}
+    with pytest.raises(openai.BadRequestError) as err:
+        client.chat.completions.create(
+            model=QWEN, messages=[{"role": "user", "content": ASK}], max_tokens=2,
+            extra_body=body,
+        )  # fmt: skip
+    assert err.value.body["param"] == param and needle in err.value.body["message"], err.value.body
+    assert "Traceback" not in qwen.log
+
+
+def test_tool_choice_none_renders_no_tools(qwen, client):
+    """``tool_choice: "none"``: the model is not offered the tools (not rendered) and its reply
+    is text, never parsed as a call."""
+    out = client.chat.completions.create(
+        model=QWEN, messages=[{"role": "user", "content": ASK}], tools=WEATHER,
+        tool_choice="none", temperature=0, max_tokens=8,
+    )  # fmt: skip
+    assert out.choices[0].finish_reason in ("stop", "length")
+    assert out.choices[0].message.tool_calls is None and out.choices[0].message.content
