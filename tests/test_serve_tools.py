@@ -129,3 +129,31 @@ def test_tool_choice_none_renders_no_tools(qwen, client):
     )  # fmt: skip
     assert out.choices[0].finish_reason in ("stop", "length")
     assert out.choices[0].message.tool_calls is None and out.choices[0].message.content
+
+
+NAMES = {"get_weather", "add"}
+
+
+@pytest.mark.parametrize(
+    ("text", "content", "calls"),
+    [
+        ('{"name": "get_weather", "arguments": {"city": "Paris"}}', None,
+         [("get_weather", {"city": "Paris"})]),
+        ('Let me look.\n<tool_call>\n{"name": "add", "arguments": {"a": 1, "b": 2}}\n'
+         '</tool_call>\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Rome"}}\n'
+         "</tool_call>", "Let me look.", [("add", {"a": 1, "b": 2}),
+                                          ("get_weather", {"city": "Rome"})]),
+        ('<tool_call>\n{"name": "add", "arguments": {"a": 1}}\n', None, [("add", {"a": 1})]),
+        ('{"name": "unknown", "arguments": {}}', '{"name": "unknown", "arguments": {}}', []),
+        ('{"name": "add", "arguments": "1, 2"}', '{"name": "add", "arguments": "1, 2"}', []),
+        ("<tool_call>not json</tool_call>", "<tool_call>not json</tool_call>", []),
+        ("The weather is fine.", "The weather is fine.", []),
+    ],
+)  # fmt: skip
+def test_calls_are_taken_only_when_they_are_calls_of_the_tools(text, content, calls):
+    from sinklab.serve.tools import parse_calls
+
+    got_content, got = parse_calls(text, NAMES)
+    assert got_content == content
+    assert [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in got] == calls
+    assert len({c["id"] for c in got}) == len(got)
