@@ -101,7 +101,6 @@ def test_a_call_is_parsed_and_its_result_continues_the_session(qwen, client):
 @pytest.mark.parametrize(
     ("extra", "param", "needle"),
     [
-        ({"stream": True}, "stream", "stream: false"),
         ({"tool_choice": "required"}, "tool_choice", "constrained decoding"),
         ({"tool_choice": {"type": "function", "function": {"name": "get_weather"}}},
          "tool_choice", "constrained decoding"),
@@ -118,6 +117,31 @@ def test_what_tools_do_not_support_is_refused_naming_it(qwen, client, extra, par
         )  # fmt: skip
     assert err.value.body["param"] == param and needle in err.value.body["message"], err.value.body
     assert "Traceback" not in qwen.log
+
+
+def test_a_streamed_reply_with_tools_gives_the_call_in_deltas(qwen, client):
+    """Streamed with tools, the reply is held until it is whole (it may be a call), then sent as
+    OpenAI's indexed ``tool_calls`` deltas, which the client assembles into the call."""
+    stream = client.chat.completions.create(
+        model=QWEN, messages=[{"role": "user", "content": ASK}], tools=WEATHER, temperature=0,
+        max_tokens=40, stream=True,
+    )  # fmt: skip
+    calls: dict[int, dict[str, str]] = {}
+    finish, text = None, ""
+    for ev in stream:
+        for ch in ev.choices:
+            text += ch.delta.content or ""
+            for d in ch.delta.tool_calls or []:
+                got = calls.setdefault(d.index, {"id": "", "name": "", "arguments": ""})
+                got["id"] += d.id or ""
+                got["name"] += d.function.name or ""
+                got["arguments"] += d.function.arguments or ""
+            finish = ch.finish_reason or finish
+    assert finish == "tool_calls" and text == ""
+    assert [(c["name"], json.loads(c["arguments"])) for c in calls.values()] == [
+        ("get_weather", {"city": "Paris"})
+    ]
+    assert calls[0]["id"].startswith("call_")
 
 
 def test_tool_choice_none_renders_no_tools(qwen, client):

@@ -181,8 +181,8 @@ class Server:
         return await self._whole(request, job, events)
 
     def _tools(self, req: ChatRequest) -> list[dict[str, Any]] | None:
-        """The request's tools as the template renders them (None: no tools), or a 400: a model
-        whose template does not render tools, a streamed reply with tools."""
+        """The request's tools as the template renders them (None: no tools), or a 400 for a
+        model whose template does not render tools."""
         used = [i for i, m in enumerate(req.messages) if m.uses_tools()]
         if (req.tools_on() or used) and not self.engine.tools_ok:
             param = "tools" if req.tools_on() else f"messages.{used[0]}"
@@ -195,14 +195,6 @@ class Server:
             )
         if not req.tools_on():
             return None
-        if req.stream:
-            raise ApiError(
-                400,
-                "stream: a streamed reply with tools is not supported in this version (its calls "
-                "are parsed from the whole reply); send stream: false",
-                code="unsupported_parameter",
-                param="stream",
-            )
         assert req.tools is not None
         return [t.model_dump(exclude_none=True) for t in req.tools]
 
@@ -264,12 +256,15 @@ class Server:
         over, ids = False, {"session_id": sid, "seed": job.seed}
         want = job.sampling is not None and job.sampling.logprobs
         entries: list[dict[str, Any]] = []  # logprobs waiting for their text
+        held = bool(job.tool_names)  # with tools the text waits: it may be a call
         try:
             yield sse(chunk(cid, model, {"role": "assistant", "content": ""}, None, ids))
             while True:
                 kind, value = await events.get()
                 if kind == "logprobs":
                     entries += value
+                elif kind == "text" and held:
+                    continue  # the whole reply comes with "done", as text or as calls
                 elif kind == "text":
                     lp, entries = (entries if want else None), []
                     yield sse(chunk(cid, model, {"content": value}, None, ids, lp))
@@ -278,6 +273,9 @@ class Server:
                     yield sse(value.body())
                     return
                 else:  # the reply is whole: it is committed once its last chunk went out
+                    if held:
+                        for delta in _held(value):
+                            yield sse(chunk(cid, model, delta, None, ids))
                     extra = {**ids, "session": value["session"]}
                     lp = entries if want and entries else None
                     yield sse(chunk(cid, model, {}, value["finish_reason"], extra, lp))
@@ -428,6 +426,18 @@ class Server:
         ]
         lines += [f'sinklab_key_busy{{tenant="{t}"}} {r[2]}' for t, r in sorted(by.items())]
         return "\n".join(lines) + "\n"
+
+
+def _held(value: dict[str, Any]) -> list[dict[str, Any]]:
+    """A reply held back while tools are on, as stream deltas: its text, then its calls (each
+    whole, in OpenAI's indexed form)."""
+    deltas: list[dict[str, Any]] = []
+    if value["reply"]:
+        deltas.append({"content": value["reply"]})
+    if value["tool_calls"]:
+        calls = [{"index": i, **c} for i, c in enumerate(value["tool_calls"])]
+        deltas.append({"tool_calls": calls})
+    return deltas
 
 
 class _Counted:
