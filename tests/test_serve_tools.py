@@ -181,3 +181,30 @@ def test_calls_are_taken_only_when_they_are_calls_of_the_tools(text, content, ca
     assert got_content == content
     assert [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in got] == calls
     assert len({c["id"] for c in got}) == len(got)
+
+
+def test_a_sessions_tools_and_calls_survive_its_file(tiny_model_factory, chat_tokenizer, tmp_path):
+    """A session's tools and a reply's calls (as the client got them) are written with it and
+    read back at start-up: the restored session renders the same tools and matches the same
+    resent conversation."""
+    from sinklab.serve.sessions import Session, SessionStore
+    from sinklab.serve.tools import seen_as
+    from sinklab.stream.chat import ChatConfig, ChatSession
+
+    model = tiny_model_factory("llama", seed=13)
+    chat = ChatSession(model, chat_tokenizer, ChatConfig(2, 30))
+    chat.tools = WEATHER
+    chat.turn("hi")
+    sent = {"content": "", "tool_calls": [{"id": "call_1", "type": "function", "function": {
+        "name": "get_weather", "arguments": {"city": "Paris"}}}]}  # fmt: skip
+    chat.messages[-1]["sent"] = sent
+    identity = {"model": "tiny", "n_sink": 2, "window": 30}
+    store = SessionStore(tmp_path, identity, print)
+    store.claim()
+    store.save(Session("t", "k", chat, chat.cache.state()), chat.cache.state())
+    (back,) = SessionStore(tmp_path, identity, print).load_all(
+        lambda: ChatSession(model, chat_tokenizer, ChatConfig(2, 30))
+    )
+    assert back.chat.tools == WEATHER
+    assert back.chat.messages == chat.messages
+    assert seen_as(back.chat.messages[-1]) == {"role": "assistant", **sent}
