@@ -19,6 +19,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException
 
+from sinklab.serve.completions import Completions
 from sinklab.serve.config import ServeConfig
 from sinklab.serve.engine import Engine, Job
 from sinklab.serve.metrics import Metrics
@@ -423,7 +424,8 @@ def build_app(
     app.add_api_route("/v1/chat/completions", server.chat_completions, methods=["POST"])
     app.add_api_route("/v1/models", server.models, methods=["GET"])
     app.add_api_route("/v1/models/{mid:path}", server.model, methods=["GET"])
-    for route in ("/v1/completions", "/v1/responses", "/v1/embeddings"):
+    app.add_api_route("/v1/completions", Completions(server).create, methods=["POST"])
+    for route in ("/v1/responses", "/v1/embeddings"):
         app.add_api_route(route, server.elsewhere, methods=["POST"])
     app.add_api_route("/v1/sessions", server.sessions, methods=["GET"])
     app.add_api_route("/v1/sessions/{sid}", server.session, methods=["GET"])
