@@ -34,6 +34,7 @@ from sinklab.serve.protocol import (
     sse,
 )
 from sinklab.serve.registry import not_found
+from sinklab.serve.responses import Responses
 from sinklab.serve.sessions import Session
 
 
@@ -425,8 +426,8 @@ def build_app(
     app.add_api_route("/v1/models", server.models, methods=["GET"])
     app.add_api_route("/v1/models/{mid:path}", server.model, methods=["GET"])
     app.add_api_route("/v1/completions", Completions(server).create, methods=["POST"])
-    for route in ("/v1/responses", "/v1/embeddings"):
-        app.add_api_route(route, server.elsewhere, methods=["POST"])
+    app.add_api_route("/v1/responses", Responses(server).create, methods=["POST"])
+    app.add_api_route("/v1/embeddings", server.elsewhere, methods=["POST"])
     app.add_api_route("/v1/sessions", server.sessions, methods=["GET"])
     app.add_api_route("/v1/sessions/{sid}", server.session, methods=["GET"])
     app.add_api_route("/v1/sessions/{sid}", server.delete_session, methods=["DELETE"])

@@ -79,6 +79,7 @@ class Task:
     deadline: float
     emit: Emit
     stop_ids: set[int] | None = None  # None: the model's end-of-sequence ids
+    continues: bool = True  # the reply continues the prompt's text (False: a chat reply)
     cancelled: threading.Event = field(default_factory=threading.Event)
 
 
@@ -173,7 +174,9 @@ class Scorer:
                 if want:
                     entries.append(Entry(self.tok.decode([tok]), None, None, len(echoed)))
                 echoed += detok.push([tok], final=k == len(ids) - 1)
-        detok.context = ids[-4:]  # the reply's first token decodes as it follows the prompt
+        # a completion's first token decodes as it follows the prompt (its leading space kept);
+        # a chat reply is decoded alone, as sinklab chat decodes it
+        detok.context = ids[-4:] if task.continues else []
         last = self._read(task, cache, ids, entries if want else None)
         if task.echo:
             task.emit(("piece", Piece(index, echoed, entries)))
@@ -249,8 +252,10 @@ class Scorer:
         while n < task.max_tokens:
             self._check(task)
             tok = task.sampling.pick(logits, counts, gen)
-            if tok in stops:
-                finish = "stop"
+            if tok in stops:  # its logprob is reported (as OpenAI's), its text is not
+                if task.logprobs is not None:
+                    entries.append(self._entry(logits, tok, task.logprobs, before + len(text)))
+                finish, n = "stop", n + 1
                 break
             counts[tok] += 1
             n += 1
