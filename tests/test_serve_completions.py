@@ -112,6 +112,19 @@ def test_a_greedy_reply_equals_sinklab_generate(client, chat_dir, loaded):
                                      temperature=0).usage.completion_tokens <= 16  # fmt: skip
 
 
+def test_an_end_token_is_scored_not_written(client, chat_dir, loaded):
+    """lm-evaluation-harness drops the last entry of ``echo`` + ``max_tokens: 1``: a reply that
+    is the end token must still have its entry, or the prompt's last token would be dropped."""
+    eos = loaded.tokenizer.eos_token_id
+    out = client.completions.create(model=str(chat_dir), prompt="the king", max_tokens=1,
+                                    echo=True, logprobs=1, logit_bias={str(eos): 100})  # fmt: skip
+    choice, n = out.choices[0], len(_ids(loaded, "the king"))
+    assert choice.text == "the king" and choice.finish_reason == "stop"
+    assert len(choice.logprobs.token_logprobs) == n + 1
+    assert choice.logprobs.tokens[-1] == loaded.tokenizer.decode([eos])
+    assert out.usage.completion_tokens == 1
+
+
 def test_lists_of_prompts_are_one_choice_each(client, chat_dir, loaded):
     prompts = ["the king", "to be or not"]
     many = client.completions.create(model=str(chat_dir), prompt=prompts, max_tokens=5,
