@@ -7,7 +7,7 @@ sampling step as chat (:mod:`.sampling`). ``echo`` returns the prompt before the
 ``k`` most likely tokens plus the chosen one, ``text_offset``), for the prompt's tokens too when
 echoed (the first one's logprob is null): what lm-evaluation-harness's ``local-completions``
 model scores loglikelihood tasks with. Every field OpenAI defines is honoured or refused with a
-400 naming it (docs/serving.md, the conformance table).
+400 naming it (docs/serve-routes.md#conformance-routes).
 """
 
 from __future__ import annotations

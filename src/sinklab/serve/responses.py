@@ -7,7 +7,8 @@ message before it) are rendered by the model's chat template exactly as ``sinkla
 a conversation, read through a sink cache of their own (:mod:`.scoring`) and answered as one
 ``message`` output item with one ``output_text`` part (``output_text`` in the openai client).
 Nothing is stored: ``store: true`` and ``previous_response_id`` are refused, as is every field
-this server cannot honour (tools, reasoning, other formats and modalities): a 400 naming it.
+this server cannot honour (tools, reasoning, other formats and modalities): a 400 naming it
+(docs/serve-routes.md#conformance-routes).
 """
 
 from __future__ import annotations

@@ -10,7 +10,8 @@ queue (429 beyond it) and is dropped between pieces and tokens when its client l
 ``--request-timeout`` passes. Nothing is kept after the reply: these routes hold no session.
 
 With a prompt that fits in the window, every prompt token's logprob equals a plain forward's
-log-softmax (the cache evicts nothing; only the summation order of the pieces differs).
+log-softmax (the cache evicts nothing; only the summation order of the pieces differs;
+docs/serve-routes.md#scoring).
 """
 
 from __future__ import annotations
