@@ -117,10 +117,40 @@ def test_sampling_and_the_stock_defaults(client, chat_dir):
     assert out.metadata == {"a": "b"} and out.store is False
 
 
+def test_a_stream_equals_the_whole_response(client, chat_dir, server):
+    """``stream: true``: the Responses API's events, in order, whose deltas make the whole
+    response's text; the openai client's own stream helper rebuilds the same text. (Cut by
+    ``max_output_tokens``, it ends with ``response.incomplete``, as OpenAI's does.)"""
+    kw = {"model": str(chat_dir), "input": "to be or not to be", "max_output_tokens": 10,
+          "temperature": 0}  # fmt: skip
+    whole = client.responses.create(**kw)
+    events = list(client.responses.create(**kw, stream=True))
+    kinds = [e.type for e in events]
+    assert kinds[:4] == [
+        "response.created",
+        "response.in_progress",
+        "response.output_item.added",
+        "response.content_part.added",
+    ]
+    assert kinds[-4:-1] == ["response.output_text.done", "response.content_part.done",
+                            "response.output_item.done"]  # fmt: skip
+    assert kinds[-1] in ("response.completed", "response.incomplete")
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+    deltas = "".join(e.delta for e in events if e.type == "response.output_text.delta")
+    assert deltas == whole.output_text != ""
+    final = events[-1].response
+    assert final.output_text == whole.output_text and final.usage.input_tokens == (
+        whole.usage.input_tokens)  # fmt: skip
+    with client.responses.stream(**kw) as stream:  # the client's helper accumulates the events
+        snapshots = [e.snapshot for e in stream if e.type == "response.output_text.delta"]
+    assert snapshots[-1] == whole.output_text
+    assert "Traceback" not in server.log
+
+
 @pytest.mark.parametrize(
     ("extra", "param", "needle"),
     [
-        ({"stream": True}, "stream", "streaming"),
+        ({"stream_options": {"include_obfuscation": False}}, "stream_options", "not supported"),
         ({"store": True}, "store", "not stored"),
         ({"previous_response_id": "resp_1"}, "previous_response_id", "not stored"),
         ({"tools": [{"type": "function", "name": "f"}]}, "tools", "tools"),
@@ -162,8 +192,8 @@ def test_what_is_not_honoured_is_refused_naming_it(server, chat_dir, extra, para
 
 def test_the_client_sees_the_refusals(client, chat_dir, server):
     with pytest.raises(openai.BadRequestError) as err:
-        client.responses.create(model=str(chat_dir), input="hi", stream=True)
-    assert err.value.body["param"] == "stream"
+        client.responses.create(model=str(chat_dir), input="hi", stream=True, store=True)
+    assert err.value.body["param"] == "store"
     with pytest.raises(openai.NotFoundError) as err:
         client.responses.create(model="gpt-4o", input="hi")
     assert err.value.body["code"] == "model_not_found"

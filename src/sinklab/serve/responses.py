@@ -6,7 +6,9 @@ parts; an assistant's earlier ``output_text`` parts too) and the ``instructions`
 message before it) are rendered by the model's chat template exactly as ``sinklab chat`` renders
 a conversation, read through a sink cache of their own (:mod:`.scoring`) and answered as one
 ``message`` output item with one ``output_text`` part (``output_text`` in the openai client).
-Nothing is stored: ``store: true`` and ``previous_response_id`` are refused, as is every field
+``stream: true`` sends the Responses API's events (``response.created`` ...
+``response.output_text.delta`` ... ``response.completed``). Nothing is stored: ``store: true`` and
+``previous_response_id`` are refused, as is every field
 this server cannot honour (tools, reasoning, other formats and modalities): a 400 naming it
 (docs/serve-routes.md#conformance-routes).
 """
@@ -14,13 +16,15 @@ this server cannot honour (tools, reasoning, other formats and modalities): a 40
 from __future__ import annotations
 
 import asyncio
+import json
 import secrets
 import time
+from collections.abc import AsyncIterator
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from fastapi import Request
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from sinklab.errors import SinklabError
@@ -42,7 +46,6 @@ SHARED = ("temperature", "top_p", "user")  # checked as the chat route checks th
 # Fields OpenAI defines that this server does not honour: refused unless absent, null or a
 # value that asks for nothing (OpenAI's own defaults).
 REFUSED: dict[str, tuple[tuple[Any, ...], str]] = {
-    "stream": ((False,), "streaming is not supported on this route (use /v1/chat/completions)"),
     "store": ((False,), "responses are not stored by this server; send store: false"),
     "previous_response_id": ((), "responses are not stored: send the whole conversation"),
     "conversation": ((), "conversations are not stored: send the whole conversation"),
@@ -59,7 +62,7 @@ REFUSED: dict[str, tuple[tuple[Any, ...], str]] = {
     "prompt": ((), "prompt templates are not supported"),
     "prompt_cache_key": ((), "prompt cache keys are not supported"),
     "safety_identifier": ((), "safety identifiers are not supported"),
-    "stream_options": ((), "streaming is not supported on this route"),
+    "stream_options": ((), "stream options are not supported on this route"),
 }
 
 TEXT_FORMAT = ({"format": {"type": "text"}}, {})  # ``text`` values that ask for plain text
@@ -73,6 +76,7 @@ class _Req(BaseModel):
     max_output_tokens: int | None = Field(default=None, ge=1)
     metadata: dict[str, str] | None = None
     text: Any = None
+    stream: bool = False
 
 
 def _bad(where: str, msg: str, code: str = "invalid_value") -> ApiError:
@@ -186,6 +190,14 @@ class Responses:
                     lambda ev: loop.call_soon_threadsafe(events.put_nowait, ev),
                     continues=False)  # fmt: skip
         scorer_of(server).submit(task)
+        rid, mid = "resp_" + secrets.token_hex(12), "msg_" + secrets.token_hex(12)
+        ids_ = (rid, mid)
+        if req.stream:
+            return StreamingResponse(
+                self._stream(req, chat, task, events, temperature, ids_),
+                media_type="text/event-stream",
+                headers={"Cache-Control": "no-cache"},
+            )
         text, finish = [], "stop"
         try:
             while True:
@@ -203,11 +215,72 @@ class Responses:
                 elif kind == "error":
                     return JSONResponse(value.body(), status_code=value.status)
                 else:
-                    return JSONResponse(self._body(req, chat, "".join(text), finish, value,
-                                                   temperature))  # fmt: skip
+                    body = self._body(req, chat, "".join(text), finish, value, temperature, ids_)
+                    return JSONResponse(body)
         except asyncio.CancelledError:
             task.cancelled.set()
             raise
+
+    async def _stream(
+        self,
+        req: _Req,
+        chat: ChatRequest,
+        task: Task,
+        events: asyncio.Queue,
+        temperature: float,
+        ids: tuple[str, str],
+    ) -> AsyncIterator[bytes]:
+        """The Responses API's event stream: created, the message item and its text part added,
+        text deltas, then each closed, then completed (or incomplete)."""
+        seq = iter(range(1 << 30))
+        where = {"item_id": ids[1], "output_index": 0, "content_index": 0}
+
+        def event(kind: str, **fields: Any) -> bytes:
+            data = {"type": kind, "sequence_number": next(seq), **fields}
+            return f"event: {kind}\ndata: {json.dumps(data, separators=(',', ':'))}\n\n".encode()
+
+        start = self._body(req, chat, "", "stop", None, temperature, ids)
+        start["status"], start["output"] = "in_progress", []
+        item = {"type": "message", "id": ids[1], "status": "in_progress", "role": "assistant",
+                "content": []}  # fmt: skip
+        empty = {"type": "output_text", "text": "", "annotations": [], "logprobs": []}
+        text, finish, over = [], "stop", False
+        try:
+            yield event("response.created", response=start)
+            yield event("response.in_progress", response=start)
+            yield event("response.output_item.added", output_index=0, item=item)
+            yield event("response.content_part.added", **where, part=empty)
+            while True:
+                kind, value = await events.get()
+                if kind == "piece" and value.text:
+                    text.append(value.text)
+                    yield event("response.output_text.delta", **where, delta=value.text,
+                                logprobs=[])  # fmt: skip
+                elif kind == "finish":
+                    finish = value[1]
+                elif kind == "error":
+                    over = True
+                    err = value.body()["error"]
+                    yield event("error", code=err["code"], message=err["message"],
+                                param=err["param"])  # fmt: skip
+                    return
+                elif kind == "done":
+                    over = True
+                    body = self._body(req, chat, "".join(text), finish, value, temperature, ids)
+                    message = body["output"][0]
+                    part = message["content"][0]
+                    yield event("response.output_text.done", **where, text=part["text"],
+                                logprobs=[])  # fmt: skip
+                    yield event("response.content_part.done", **where, part=part)
+                    yield event("response.output_item.done", output_index=0, item=message)
+                    done = "response.completed" if body["status"] == "completed" else (
+                        "response.incomplete")  # fmt: skip
+                    yield event(done, response=body)
+                    return
+        finally:
+            if not over:
+                self.server.log("response: client gone mid-reply")
+                task.cancelled.set()
 
     def _body(
         self,
@@ -215,20 +288,22 @@ class Responses:
         chat: ChatRequest,
         text: str,
         finish: str,
-        usage: dict[str, Any],
+        usage: dict[str, Any] | None,
         temperature: float,
+        ids: tuple[str, str],
     ) -> dict[str, Any]:
+        """The response object (``usage`` None: not known yet, while it streams)."""
         done = finish != "length"
         part = {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
         message = {
             "type": "message",
-            "id": "msg_" + secrets.token_hex(12),
+            "id": ids[1],
             "status": "completed" if done else "incomplete",
             "role": "assistant",
             "content": [part],
         }
         return {
-            "id": "resp_" + secrets.token_hex(12),
+            "id": ids[0],
             "object": "response",
             "created_at": int(time.time()),
             "status": "completed" if done else "incomplete",
@@ -250,7 +325,9 @@ class Responses:
             "previous_response_id": None,
             "metadata": req.metadata or {},
             "user": chat.user,
-            "usage": {
+            "usage": None
+            if usage is None
+            else {
                 "input_tokens": usage["prompt_tokens"],
                 "input_tokens_details": {"cached_tokens": 0},
                 "output_tokens": usage["completion_tokens"],
