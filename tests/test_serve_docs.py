@@ -45,3 +45,29 @@ def test_the_table_names_every_field_as_the_code_treats_it():
     assert set(REFUSED) | set(MESSAGE_REFUSED) | {"n", "response_format"} <= refused, (
         set(REFUSED) | set(MESSAGE_REFUSED)
     ) - refused
+
+
+def test_the_route_rows_are_the_routes_the_app_serves():
+    """Each route row (`POST /v1/...`, `GET /v1/...`) says *supported* exactly when the app binds
+    that route to a handler of its own, and *refused: 404* when it binds the 404 that names the
+    chat route (so the table cannot keep calling a route refused after it is built)."""
+    from sinklab.serve.app import build_app
+    from sinklab.serve.config import ServeConfig
+    from sinklab.serve.metrics import Metrics
+
+    app = build_app(None, ServeConfig(), Metrics(), lambda line: None)  # routes only: no engine
+    bound = {
+        (method, route.path.replace("{mid:path}", "{id}")): route.endpoint.__name__
+        for route in app.routes
+        for method in getattr(route, "methods", ()) or ()
+    }
+    checked = 0
+    for feature, cell in _rows():
+        if not feature.startswith(("`GET /", "`POST /")):
+            continue  # a feature row that mentions a route in passing
+        for method, path in re.findall(r"`(GET|POST|DELETE) (/v1/[a-z_/{}]+)`", feature):
+            assert (method, path) in bound, (feature, sorted(bound))
+            refused = bound[(method, path)] == "elsewhere"
+            assert cell.startswith("refused: 404" if refused else "supported"), (feature, cell)
+            checked += 1
+    assert checked >= 5

@@ -500,3 +500,35 @@ def test_a_long_prompt_does_not_stop_another_sessions_stream(chat_dir, chat_toke
         stop.set()
         server.stop()
     assert "Traceback" not in server.log
+
+
+@pytest.mark.parametrize(
+    ("route", "head", "extra", "param", "needle"),
+    [
+        ("completions", b'"prompt": "x"', b'"temperature": NaN', "temperature", "finite"),
+        ("completions", b'"prompt": "x"', b'"max_tokens": true', "max_tokens", "valid integer"),
+        ("completions", b'"prompt": "x"', b'"max_tokens": "2"', "max_tokens", "valid integer"),
+        ("completions", b'"prompt": "x"', b'"echo": "yes"', "echo", "valid boolean"),
+        ("completions", b'"prompt": "x"', b'"temperature": "0.5"', "temperature", "valid number"),
+        ("responses", b'"input": "x"', b'"top_p": Infinity', "top_p", "finite"),
+        (
+            "responses",
+            b'"input": "x"',
+            b'"max_output_tokens": true',
+            "max_output_tokens",
+            "valid integer",
+        ),
+        ("responses", b'"input": "x"', b'"temperature": "0.5"', "temperature", "valid number"),
+    ],
+)
+def test_the_other_routes_read_values_as_strictly_as_chat(
+    served, route, head, extra, param, needle
+):
+    """/v1/completions and /v1/responses read their values as the chat route does: a string or a
+    bool for a number, NaN or an infinity is a 400 naming the field, never coerced."""
+    body = b'{"model": "%s", %s, %s}' % (served.model.encode(), head, extra)
+    with httpx.Client(timeout=60) as http:
+        resp = http.post(f"{served.base}/{route}", content=body, headers=_auth("key-b"))
+    _refused(resp, 400, needle)
+    assert resp.json()["error"]["param"] == param
+    assert "Traceback" not in served.log

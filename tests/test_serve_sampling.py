@@ -310,8 +310,9 @@ def test_a_hostile_temperature_beside_a_stream_fails_alone(client, chat_dir, ser
 
 
 def test_model_route_and_the_routes_not_served(client, chat_dir, server):
-    """GET /v1/models/{id} answers the served model (404 for another); /v1/completions and
-    /v1/responses answer a 404 that names the route to use; defaults that ask for nothing
+    """GET /v1/models/{id} answers the served model (404 for another); /v1/embeddings answers a
+    404 that names the route to use, /v1/responses (served) refuses a field it does not define
+    (legacy ``prompt``) with a 400 naming it; defaults that ask for nothing
     (parallel_tool_calls false, tool_choice none, store false) are accepted."""
     import httpx
 
@@ -319,10 +320,13 @@ def test_model_route_and_the_routes_not_served(client, chat_dir, server):
     with pytest.raises(openai.NotFoundError) as err:
         client.models.retrieve("gpt-4o")
     assert err.value.body["code"] == "model_not_found"
-    for route in ("/completions", "/responses"):
-        resp = httpx.post(server.base + route, json={"model": "m", "prompt": "x"},
-                          headers={"Authorization": "Bearer key-a"}, timeout=30)  # fmt: skip
-        assert resp.status_code == 404 and "/v1/chat/completions" in resp.json()["error"]["message"]
+    key = {"Authorization": "Bearer key-a"}
+    resp = httpx.post(server.base + "/embeddings", json={"model": "m", "input": "x"},
+                      headers=key, timeout=30)  # fmt: skip
+    assert resp.status_code == 404 and "/v1/chat/completions" in resp.json()["error"]["message"]
+    resp = httpx.post(server.base + "/responses", json={"model": "m", "prompt": "x"},
+                      headers=key, timeout=30)  # fmt: skip
+    assert resp.status_code == 400 and resp.json()["error"]["param"] == "prompt", resp.text
     out = _ask(client, str(chat_dir), "hi", max_tokens=2, parallel_tool_calls=False,
                tool_choice="none", store=False)  # fmt: skip
     assert out.choices[0].finish_reason in ("stop", "length")

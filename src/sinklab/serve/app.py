@@ -20,6 +20,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response, Streami
 from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect
 
+from sinklab.serve.completions import Completions
 from sinklab.serve.config import ServeConfig
 from sinklab.serve.engine import Engine, Job
 from sinklab.serve.limits import PerKey, tenant_for
@@ -35,6 +36,7 @@ from sinklab.serve.protocol import (
     sse,
 )
 from sinklab.serve.registry import not_found
+from sinklab.serve.responses import Responses
 from sinklab.serve.sessions import Session
 from sinklab.serve.tools import END as TOOL_END
 from sinklab.serve.tools import seen_as
@@ -345,8 +347,8 @@ class Server:
         """Routes OpenAI has and this server does not: a 404 that names the one to use."""
         raise ApiError(
             404,
-            f"{request.url.path} is not served here (this version serves chat only); use "
-            "POST /v1/chat/completions with messages",
+            f"{request.url.path} is not served here (sinklab serves chat, completions and "
+            "responses); use POST /v1/chat/completions with messages",
             code="unsupported_route",
         )
 
@@ -470,8 +472,9 @@ def build_app(
     app.add_api_route("/v1/chat/completions", server.chat_completions, methods=["POST"])
     app.add_api_route("/v1/models", server.models, methods=["GET"])
     app.add_api_route("/v1/models/{mid:path}", server.model, methods=["GET"])
-    for route in ("/v1/completions", "/v1/responses", "/v1/embeddings"):
-        app.add_api_route(route, server.elsewhere, methods=["POST"])
+    app.add_api_route("/v1/completions", Completions(server).create, methods=["POST"])
+    app.add_api_route("/v1/responses", Responses(server).create, methods=["POST"])
+    app.add_api_route("/v1/embeddings", server.elsewhere, methods=["POST"])
     app.add_api_route("/v1/sessions", server.sessions, methods=["GET"])
     app.add_api_route("/v1/sessions/{sid}", server.session, methods=["GET"])
     app.add_api_route("/v1/sessions/{sid}", server.delete_session, methods=["DELETE"])

@@ -1,0 +1,302 @@
+"""Stateless reads and replies for ``/v1/completions`` and ``/v1/responses``: a prompt of token
+ids is read through its own :class:`~sinklab.stream.cache.SinkCache` (``n_sink + window`` of the
+server's config, each piece fitted into the cache first, as ``sinklab chat`` reads a turn), so
+scoring a long prompt is bounded in memory, then a reply is decoded one token at a time with the
+request's :class:`~sinklab.serve.sampling.Sampling`.
+
+The work runs on one thread of its own (:class:`Scorer`), one request at a time, beside the chat
+engine's thread (both only read the model's weights); a request waits its turn in a bounded
+queue (429 beyond it) and is dropped between pieces and tokens when its client leaves or its
+``--request-timeout`` passes. Nothing is kept after the reply: these routes hold no session.
+
+With a prompt that fits in the window, every prompt token's logprob equals a plain forward's
+log-softmax (the cache evicts nothing; only the summation order of the pieces differs;
+docs/serve-routes.md#scoring).
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from sinklab.models.arch import input_device
+from sinklab.serve.protocol import ApiError
+from sinklab.serve.sampling import NotFinite, Sampling
+from sinklab.stream.cache import CacheConfig, SinkCache
+from sinklab.stream.generation import TextStream, _piece, eos_ids
+
+# ("piece", Piece) | ("finish", (index, reason)) | ("done", usage dict) | ("error", ApiError)
+Emit = Callable[[tuple[str, Any]], None]
+
+
+@dataclass
+class Entry:
+    """One token of a legacy ``logprobs`` block: its text, the model's logprob of it given what
+    comes before (None for a prompt's first token), the top alternatives, its text offset."""
+
+    token: str
+    logprob: float | None
+    top: dict[str, float] | None
+    offset: int
+
+
+@dataclass
+class Piece:
+    """Text of choice ``index`` ready to go out, with its tokens' entries (when asked)."""
+
+    index: int
+    text: str
+    entries: list[Entry]
+
+
+@dataclass
+class Prompt:
+    """One prompt: its token ids and, when it came as text, that text and where each token
+    starts in it (the tokenizer's offsets; else both come from decoding the ids)."""
+
+    ids: list[int]
+    text: str | None = None
+    offsets: list[int] | None = None
+
+
+@dataclass
+class Task:
+    """One request: its prompts (one choice each) and how to continue them."""
+
+    prompts: list[Prompt]
+    max_tokens: int
+    sampling: Sampling  # with the request's temperature
+    seed: int
+    stops: list[str]
+    echo: bool
+    logprobs: int | None  # top alternatives per token (legacy ``logprobs``); None: no block
+    deadline: float
+    emit: Emit
+    stop_ids: set[int] | None = None  # None: the model's end-of-sequence ids
+    continues: bool = True  # the reply continues the prompt's text (False: a chat reply)
+    cancelled: threading.Event = field(default_factory=threading.Event)
+
+
+class Gone(Exception):
+    """The task's client left, or its deadline passed: stop working on it."""
+
+
+class Scorer:
+    """The thread that reads prompts and decodes replies for the stateless routes."""
+
+    def __init__(
+        self, model: Any, tokenizer: Any, n_sink: int, window: int, chunk: int, max_queue: int
+    ) -> None:
+        self.model, self.tok = model, tokenizer
+        self.cache_config = CacheConfig("sink", n_sink, window)
+        self.chunk, self.max_queue = chunk, max_queue
+        self.eos = eos_ids(model, tokenizer)
+        self.queue: queue.Queue[Task] = queue.Queue()
+        self._started = False
+        self._lock = threading.Lock()
+        self.log: Callable[[str], None] = lambda _: None
+
+    def submit(self, task: Task) -> None:
+        """Queue ``task`` (429 when ``max_queue`` are waiting); the thread starts on first use."""
+        if self.queue.qsize() >= self.max_queue:
+            raise ApiError(
+                429,
+                f"{self.queue.qsize()} requests are waiting for the model; retry shortly",
+                type="rate_limit_error",
+                code="queue_full",
+                headers={"Retry-After": "1"},
+            )
+        with self._lock:
+            if not self._started:
+                threading.Thread(target=self._run, name="sinklab-scorer", daemon=True).start()
+                self._started = True
+        self.queue.put(task)
+
+    def _run(self) -> None:
+        while True:
+            task = self.queue.get()
+            try:
+                self.run(task)
+            except Gone:
+                self.log("completion dropped: its client left or --request-timeout passed")
+                if not task.cancelled.is_set():
+                    task.emit(("error", _timeout()))
+            except NotFinite as err:
+                task.emit(("error", ApiError(err.status, str(err), code="not_finite")))
+            except Exception as err:  # never lose the thread: that request fails alone
+                self.log(f"completion failed: {type(err).__name__}: {err}")
+                task.emit(("error", ApiError(500, "the server failed to decode", "server_error")))
+
+    # ------------------------------------------------------------------ the work
+    def _check(self, task: Task) -> None:
+        if task.cancelled.is_set() or time.monotonic() > task.deadline:
+            raise Gone
+
+    @torch.inference_mode()
+    def run(self, task: Task) -> None:
+        """Answer every prompt of ``task`` in turn (events through ``task.emit``)."""
+        prompt_tokens = completion_tokens = 0
+        for index, prompt in enumerate(task.prompts):
+            prompt_tokens += len(prompt.ids)
+            completion_tokens += self._one(task, index, prompt)
+        task.emit(
+            (
+                "done",
+                {
+                    "prompt_tokens": prompt_tokens,
+                    "completion_tokens": completion_tokens,
+                    "total_tokens": prompt_tokens + completion_tokens,
+                    "prompt_tokens_details": {"cached_tokens": 0},
+                },
+            )
+        )
+
+    def _one(self, task: Task, index: int, prompt: Prompt) -> int:
+        """Read ``prompt`` (echoed, and scored when asked), then decode its reply."""
+        ids = prompt.ids
+        cache = SinkCache(self.model, self.cache_config)
+        want = task.echo and task.logprobs is not None  # every prompt token's logprob
+        detok = TextStream(self.tok)
+        echoed, entries = "", []
+        if task.echo and prompt.text is not None and prompt.offsets is not None:
+            echoed = prompt.text
+            if want:
+                entries = [Entry(self.tok.decode([t]), None, None, at)
+                           for t, at in zip(ids, prompt.offsets, strict=True)]  # fmt: skip
+        elif task.echo:  # ids: their text, token by token (each token's offset: where it starts)
+            for k, tok in enumerate(ids):
+                if want:
+                    entries.append(Entry(self.tok.decode([tok]), None, None, len(echoed)))
+                echoed += detok.push([tok], final=k == len(ids) - 1)
+        # a completion's first token decodes as it follows the prompt (its leading space kept);
+        # a chat reply is decoded alone, as sinklab chat decodes it
+        detok.context = ids[-4:] if task.continues else []
+        last = self._read(task, cache, ids, entries if want else None)
+        if task.echo:
+            task.emit(("piece", Piece(index, echoed, entries)))
+        return self._decode(task, index, cache, last, detok, len(echoed))
+
+    def _read(
+        self, task: Task, cache: SinkCache, ids: list[int], entries: list[Entry] | None
+    ) -> torch.Tensor:
+        """Read ``ids`` piece by piece (each fitted into the cache first) -> the last token's
+        logits; ``entries``: fill in each prompt token's logprob and top alternatives."""
+        dev = input_device(self.model)
+        done = 0
+        last: torch.Tensor | None = None
+        while done < len(ids):
+            self._check(task)
+            piece = _piece(cache, self.chunk, True)
+            part = ids[done : done + piece]
+            cache.evict_for_space(len(part) if len(ids) > 1 else 0)
+            extra = cache.prepare(len(part))
+            keep = {} if entries is not None else {"logits_to_keep": 1}
+            x = torch.tensor([part], device=dev)
+            logits = self.model(x, cache=cache, **extra, **keep).logits[0]
+            if entries is not None:  # row j predicts ids[done + j + 1]
+                nxt = ids[done + 1 : done + len(part) + 1]
+                if nxt:
+                    self._score(logits[: len(nxt)], nxt, entries, done + 1, task.logprobs or 0)
+            last = logits[-1]
+            done += len(part)
+        assert last is not None
+        return last
+
+    def _score(
+        self, logits: torch.Tensor, targets: list[int], entries: list[Entry], at: int, k: int
+    ) -> None:
+        logp = torch.log_softmax(logits.detach().double().cpu(), -1)
+        if not torch.isfinite(logp).all():
+            raise NotFinite("the model's logits for this prompt are not finite (NaN or inf)", 500)
+        picked = logp[torch.arange(len(targets)), torch.tensor(targets)]
+        tops = torch.topk(logp, min(k, logp.shape[-1])) if k else None
+        for j, tok in enumerate(targets):
+            entry = entries[at + j]
+            entry.logprob = float(picked[j])
+            entry.top = self._top(logp[j], tok, tops, j, k)
+
+    def _top(self, row: torch.Tensor, tok: int, tops: Any, j: int, k: int) -> dict[str, float]:
+        """The ``k`` most likely tokens and the chosen one (OpenAI: up to ``logprobs + 1``)."""
+        out: dict[str, float] = {}
+        if tops is not None:
+            for v, i in zip(tops.values[j].tolist(), tops.indices[j].tolist(), strict=True):
+                out.setdefault(self.tok.decode([i]), v)
+        out.setdefault(self.tok.decode([tok]), float(row[tok]))
+        return out
+
+    def _decode(
+        self,
+        task: Task,
+        index: int,
+        cache: SinkCache,
+        logits: torch.Tensor,
+        detok: TextStream,
+        before: int,
+    ) -> int:
+        """Decode up to ``max_tokens`` of the reply (``before``: characters of the choice's text
+        ahead of it, the echoed prompt) -> how many tokens it has. Text that could start a stop
+        string is held back until it cannot."""
+        stops = self.eos if task.stop_ids is None else task.stop_ids
+        gen = torch.Generator().manual_seed(task.seed)
+        hold = max((len(s) - 1 for s in task.stops), default=0)
+        text, sent, counts = "", 0, Counter()
+        entries: list[Entry] = []  # not sent yet
+        dev = input_device(self.model)
+        n, finish, cut = 0, "length", False
+        while n < task.max_tokens:
+            self._check(task)
+            tok = task.sampling.pick(logits, counts, gen)
+            if tok in stops:  # its logprob is reported (as OpenAI's), its text is not
+                if task.logprobs is not None:
+                    entries.append(self._entry(logits, tok, task.logprobs, before + len(text)))
+                finish, n = "stop", n + 1
+                break
+            counts[tok] += 1
+            n += 1
+            if task.logprobs is not None:
+                entries.append(self._entry(logits, tok, task.logprobs, before + len(text)))
+            text += detok.push([tok])
+            at = min((i for s in task.stops if (i := text.find(s)) >= 0), default=-1)
+            if at >= 0:
+                text, finish, cut = text[:at], "stop", True
+                if entries:
+                    entries.pop()  # the token that completed the stop string
+                break
+            if n >= task.max_tokens:
+                break
+            upto = max(sent, len(text) - hold)
+            if upto > sent:
+                task.emit(("piece", Piece(index, text[sent:upto], entries)))
+                sent, entries = upto, []
+            extra = cache.prepare(1)
+            out = self.model(torch.tensor([[tok]], device=dev), cache=cache, **extra).logits
+            logits = out[0, -1]
+        if not cut:
+            text += detok.push([], final=True)
+        if len(text) > sent or entries:
+            task.emit(("piece", Piece(index, text[sent:], entries)))
+        task.emit(("finish", (index, finish)))
+        return n
+
+    def _entry(self, logits: torch.Tensor, tok: int, k: int, offset: int) -> Entry:
+        """The sampled ``tok``'s entry: the model's own log-softmax (before any bias)."""
+        logp = torch.log_softmax(logits.detach().double().cpu(), -1)
+        tops = torch.topk(logp[None], min(k, logp.numel())) if k else None
+        return Entry(self.tok.decode([tok]), float(logp[tok]), self._top(logp, tok, tops, 0, k),
+                     offset)  # fmt: skip
+
+
+def _timeout() -> ApiError:
+    return ApiError(
+        504,
+        "the request ran past the server's --request-timeout",
+        type="timeout_error",
+        code="request_timeout",
+    )
