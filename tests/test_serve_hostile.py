@@ -338,8 +338,9 @@ def test_one_key_cannot_hold_the_server_and_tenants_see_nothing_of_each_other(ch
     request of a gets 429 (JSON, Retry-After) before its body is read, while key b is answered;
     b naming a's session (GET, DELETE) gets the 404 it gets for an absent or malformed id, and
     a's session and files stay; the trickled bodies get 408 after --header-timeout, which frees
-    a's slots. --max-connections-per-client 4: a fifth connection gets 503 JSON;
-    --idle-timeout 1: a kept-alive connection is closed a second after its answer."""
+    a's slots, and /health, /metrics, GET /v1/models still answer a meanwhile.
+    --max-connections-per-client 4: a fifth connection gets 503 JSON; --idle-timeout 1: a
+    kept-alive connection is closed a second after its answer."""
     sessions = tmp_path / "sessions"
     more = ("--max-requests-per-key", "2", "--header-timeout", "3", "--idle-timeout", "1",
             "--max-connections-per-client", "4")  # fmt: skip
@@ -358,6 +359,9 @@ def test_one_key_cannot_hold_the_server_and_tenants_see_nothing_of_each_other(ch
             _refused(over, 429, "--max-requests-per-key 2")
             assert over.json()["error"]["code"] == "too_many_requests"
             assert over.headers["retry-after"] == "1"
+            monitor = (server.url + "/health", server.url + "/metrics", server.base + "/models")
+            for where in monitor:  # a monitor's probes are not counted against the key
+                assert http.get(where, headers=a).status_code == 200, where
             assert http.get(server.base + "/sessions", headers=b).json()["data"] == []
             assert http.post(url, json=_body(model, "mine"), headers=b).is_success
             for method in ("GET", "DELETE"):

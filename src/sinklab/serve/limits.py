@@ -7,6 +7,10 @@ request's body. So one key cannot take every connection the server will answer, 
 spreads its requests; the turns of a key are capped again where sessions are taken
 (:meth:`~sinklab.serve.registry.Registry.acquire`), since a turn whose client left may still be
 finishing. A request without a known key is not counted here: it is answered 401 by the route.
+Not counted either: the probes an operator's monitor sends (``/health``, ``/metrics``, ``GET
+/v1/models``), so a busy key never makes the server look down, and every request of a server
+without keys (one open tenant: its limits are the batch and the queue, ``--max-batch`` and
+``--max-queue``, and ``--max-connections-per-client``).
 """
 
 from __future__ import annotations
@@ -36,6 +40,14 @@ def tenant_for(config: ServeConfig, authorization: str) -> str | None:
     return None
 
 
+UNCOUNTED = ("/health", "/metrics")
+
+
+def _models(scope: dict) -> bool:
+    path = scope.get("path", "")
+    return scope.get("method") == "GET" and (path == "/v1/models" or path.startswith("/v1/models/"))
+
+
 class PerKey:
     """A plain ASGI middleware (it must not wrap ``receive``: the routes watch for a client
     gone): at most ``config.max_requests_per_key`` requests of one key in flight."""
@@ -54,7 +66,7 @@ class PerKey:
             if name == b"authorization":
                 header = value
         tenant = tenant_for(self.config, header.decode("latin-1"))
-        if tenant is None:
+        if not tenant or scope.get("path", "") in UNCOUNTED or _models(scope):
             await self.app(scope, receive, send)
             return
         cap = self.config.max_requests_per_key
