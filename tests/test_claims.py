@@ -3,6 +3,7 @@ computation of its definition (docs/claims.md), lab claims read from synthetic r
 
 import json
 import math
+import re
 from pathlib import Path
 
 import pytest
@@ -377,11 +378,55 @@ def test_geometry_finding_and_claim_verdict_agree_on_the_same_numbers(tiny, tiny
     assert claim["effect"] == pytest.approx(row["effect"], abs=1e-5)
     assert claim["interval"] == pytest.approx(row["interval"], abs=1e-5)
     assert claim["verdict"] == row["verdict"] and claim["reason"] == row["reason"]
-    assert res.finding.split(": ", 1)[1].startswith(f"{row['verdict']} by the claims rule")
+    assert f"`first-token-cosine` is {row['verdict']} by the claims rule" in res.finding
     layer1 = [
         r["layers"][1]["first_token_cosine"]["attention_input"] for r in res.conditions.values()
     ]
     assert claim["effects"] == pytest.approx(layer1)  # middle third of 3 layers: layer 1
+
+
+def _assert_same_claim(claim: dict, row: dict, finding: str) -> None:
+    """An experiment's quoted claim is the claims row on the same samples, word for word."""
+    want = [smp["effect"] for smp in row["samples"]]
+    assert claim["id"] == row["id"] and claim["effects"] == pytest.approx(want, abs=1e-6)
+    assert claim["effect"] == pytest.approx(row["effect"], abs=1e-6)
+    assert claim["interval"] == pytest.approx(row["interval"], abs=1e-6)
+    assert claim["verdict"] == row["verdict"] and claim["reason"] == row["reason"]
+    assert f"`{row['id']}` is {row['verdict']} by the claims rule" in finding
+    assert not re.search(r"\bholds?\b|\bthe claim\b", finding)  # no verdict of its own
+
+
+def test_sensitivity_finding_quotes_the_claims_verdict_on_the_same_texts(tiny, tiny_tokenizer):
+    """``ablate -e sensitivity`` on the claims' three texts quotes ``sink-stops-mixing`` as the
+    claims table states it (issue 30 item 6: the report said "the claim holds here" from a point
+    estimate while the table said inconclusive); each text's effect is log(S_masked / S)."""
+    from sinklab.ablate import AblationConfig, run_experiment
+
+    cfg = ClaimsConfig(**SMALL, claims=("sink-stops-mixing",))
+    samples = [(n, i[: cfg.sensitivity_tokens]) for n, i in text_samples(tiny_tokenizer, cfg, None)]
+    row = _row(run_claims(tiny, tiny_tokenizer, cfg, samples=samples), "sink-stops-mixing")
+    acfg = AblationConfig(grid=cfg.grid, probes=cfg.probes, positions=(0,), seed=cfg.seed)
+    ids = torch.stack([i for _, i in samples])  # (3, T)
+    res = run_experiment("sensitivity", tiny, tiny_tokenizer, ids, acfg)
+    _assert_same_claim(res.extra["claim"], row, res.finding)
+    for t in res.extra["texts"]:
+        assert t["effect"] == pytest.approx(math.log(t["masked"] / t["sensitivity"]))
+    one = run_experiment("sensitivity", tiny, tiny_tokenizer, ids[:1], acfg)
+    assert one.extra["claim"]["verdict"] == "inconclusive"  # one text: too few for the rule
+    assert "too few samples" in one.extra["claim"]["reason"]
+
+
+def test_density_finding_quotes_the_claims_verdict_on_the_same_texts(tiny, tiny_tokenizer):
+    """``ablate -e density`` (mix, the claim's lam 0.5) on the claims' texts quotes
+    ``density-oversmooths`` as the claims table states it."""
+    from sinklab.ablate import AblationConfig, run_experiment
+
+    cfg = ClaimsConfig(**SMALL, claims=("density-oversmooths",))
+    samples = [(n, i[: cfg.probe_tokens]) for n, i in text_samples(tiny_tokenizer, cfg, None)]
+    row = _row(run_claims(tiny, tiny_tokenizer, cfg, samples=samples), "density-oversmooths")
+    ids = torch.stack([i for _, i in samples])
+    res = run_experiment("density", tiny, tiny_tokenizer, ids, AblationConfig(lams=(0.0, 0.5, 1.0)))
+    _assert_same_claim(res.extra["claim"], row, res.finding)
 
 
 def test_geometry_claim_quotes_the_mean_and_names_the_positive_layers():
