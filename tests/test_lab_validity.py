@@ -157,7 +157,8 @@ def test_same_protocol_keeps_the_plain_reason_and_none_is_never_judged():
     v = _verdict([converged] * 3, fidelity=FIDELITY["hard-switch-sink"])
     assert v.verdict == "supported" and "proxy" not in v.reason
     v = _verdict([converged] * 3, fidelity=FIDELITY["sinks-grow-depth"])
-    assert v.verdict == "inconclusive" and "no CPU-scale set-up here tests it" in v.reason
+    assert v.verdict == "inconclusive" and "one switching head at any depth" in v.reason
+    assert "benchmarks/lab_gpu.py --depths" in v.reason  # the run that decides it
     none = lab_verdict(None, "above", 0.0, FIDELITY["bos-reliance"], [], [], not_measured="x")
     assert none.verdict == "inconclusive" and none.reason == "not measured: x"
 
