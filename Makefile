@@ -14,6 +14,7 @@ ZOO := gemma3-270m qwen2.5-0.5b
 # vLLM in its own venv (docs/vllm.md): its CPU build pins transformers<5.20, sinklab >=5.22.
 # torch first (the local CPU wheel) so pip never resolves a CUDA build; the torchvision,
 # torchaudio and torchcodec it pulls in do not import beside this torch and are removed.
+# The sinklab-vllm plugin (vllm_plugin/, docs/vllm.md#design) is installed into it, editable.
 # SINKLAB_SKIP_VLLM=1 skips building it (and the tests say they were skipped).
 VLLM_VENV := .venv-vllm
 VLLM_STAMP := $(VLLM_VENV)/.sinklab-vllm-installed
@@ -34,13 +35,14 @@ $(STAMP): pyproject.toml Makefile
 	$(BIN)/python -m pip install -q -e '.[dev]'
 	touch $(STAMP)
 
-$(VLLM_STAMP): Makefile
+$(VLLM_STAMP): Makefile vllm_plugin/pyproject.toml
 	test -x $(VLLM_VENV)/bin/python || $(PYTHON) -m venv $(VLLM_VENV)
 	$(VLLM_VENV)/bin/python -m pip install -q --upgrade pip
 	$(VLLM_VENV)/bin/python -m pip install -q $(TORCH)
 	$(VLLM_VENV)/bin/python -m pip install -q $(VLLM) $(TORCH)
 	$(VLLM_VENV)/bin/python -m pip uninstall -q -y torchvision torchaudio torchcodec
-	$(VLLM_VENV)/bin/python -c "import vllm, torch; assert torch.__version__ == '2.13.0+cpu'"
+	$(VLLM_VENV)/bin/python -m pip install -q --no-deps -e vllm_plugin
+	$(VLLM_VENV)/bin/python -c "import vllm, torch, sinklab_vllm; assert torch.__version__ == '2.13.0+cpu'"
 	touch $(VLLM_STAMP)
 
 vllm-venv: $(VLLM_STAMP)

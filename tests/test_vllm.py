@@ -118,3 +118,84 @@ def test_the_venv_is_vllm_beside_its_own_transformers(vllm_py):
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.split()[-2:] == ["0.32.0", "2.13.0+cpu"], proc.stdout
     assert sys.executable != str(VLLM_PYTHON)
+
+
+REFUSALS = Path(__file__).resolve().parent / "vllm_env" / "refusals.py"
+SINK = {"n_sink": 4, "window": 252}
+EAGER = {"enforce_eager": True, "enable_prefix_caching": False}
+NOT_BUILT = "the sink + window eviction itself is not built in sinklab-vllm 0.1 yet"
+
+
+def vllm_configs(python: Path, cases: list[dict]) -> list[dict]:
+    """vLLM's verdict on each engine configuration (no engine started), from its own venv."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "VIRTUAL_ENV"))}
+    proc = subprocess.run(
+        [str(python), str(REFUSALS)],
+        input=json.dumps(cases),
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=env,
+        cwd=ROOT,
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("SINKLAB-RESULT ")]
+    assert len(lines) == 1, proc.stdout[-2000:]
+    return json.loads(lines[0].removeprefix("SINKLAB-RESULT "))
+
+
+def test_the_plugin_refuses_what_it_cannot_run_exactly(vllm_py, tmp_path):
+    """The installed plugin (entry point vllm.general_plugins) checks vLLM's final configuration
+    when additional_config has "sinklab": each unsupported setting is refused naming it, bad
+    options are refused, and (0.1) a configuration that passes is refused as not built yet, never
+    accepted and ignored. Without the key vLLM accepts the configuration as before."""
+    from sinklab.models.zoo import ZOO, dequantized_dir, is_ready
+
+    smol, qwen = (dequantized_dir(ZOO[name]) for name in ("smollm2-135m", "qwen2.5-0.5b"))
+    assert is_ready(smol) and is_ready(qwen), "run `sinklab models install qwen2.5-0.5b`"
+    mistral = tmp_path / "mistral"  # a family the plugin does not support (config only)
+    mistral.mkdir()
+    config = json.loads((smol / "config.json").read_text())
+    config.update(model_type="mistral", architectures=["MistralForCausalLM"], sliding_window=None)
+    (mistral / "config.json").write_text(json.dumps(config))
+
+    def case(model: Path, options: dict | None = SINK, **kwargs) -> dict:
+        extra = {} if options is None else {"additional_config": {"sinklab": options}}
+        return {"model": str(model), "kwargs": {**EAGER, **extra, **kwargs}}
+
+    dynamic = {"rope_type": "dynamic", "factor": 2.0, "rope_theta": 100000.0}
+    table = [
+        (case(smol, None), None),  # plugin off: plain vLLM, accepted
+        (case(smol), NOT_BUILT),
+        (case(qwen), NOT_BUILT),
+        (case(smol, enable_prefix_caching=True), "prefix caching is refused"),
+        (case(smol, enforce_eager=False), "CUDA graphs and torch.compile are refused"),
+        (
+            case(smol, speculative_config={"method": "ngram", "num_speculative_tokens": 2}),
+            "speculative decoding is refused",
+        ),
+        (
+            case(qwen, hf_overrides={"use_sliding_window": True, "sliding_window": 64}),
+            "sliding-window layers (sliding_window=64)",
+        ),
+        (case(qwen, tensor_parallel_size=2), "tensor and pipeline parallelism are refused"),
+        (case(smol, kv_cache_dtype="fp8"), "kv_cache_dtype 'fp8' is refused"),
+        (case(smol, hf_overrides={"rope_parameters": dynamic}), "rope type 'dynamic'"),
+        (
+            case(mistral, skip_tokenizer_init=True),
+            "model type 'mistral' is not supported yet (supported: llama, qwen2)",
+        ),
+        (case(smol, {**SINK, "windw": 3}), "unknown option(s) 'windw'"),
+        (case(smol, {"n_sink": 4, "window": 0}), "window must be a positive integer, got 0"),
+        (case(smol, {"n_sink": 4}), "missing option(s) window"),
+    ]
+    verdicts = vllm_configs(vllm_py, [c for c, _ in table])
+    for (c, expected), verdict in zip(table, verdicts, strict=True):
+        where = f"{Path(c['model']).name} {c['kwargs']}"
+        if expected is None:
+            assert verdict["ok"], f"{where}: {verdict}"
+        else:
+            assert not verdict["ok"], f"{where}: accepted, expected {expected!r}"
+            assert "sinklab: " in verdict["error"] and expected in verdict["error"], (
+                f"{where}: {verdict['error'][:500]}"
+            )
