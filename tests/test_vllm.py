@@ -120,18 +120,12 @@ def test_the_venv_is_vllm_beside_its_own_transformers(vllm_py):
     assert sys.executable != str(VLLM_PYTHON)
 
 
-REFUSALS = Path(__file__).resolve().parent / "vllm_env" / "refusals.py"
-SINK = {"n_sink": 4, "window": 252}
-EAGER = {"enforce_eager": True, "enable_prefix_caching": False}
-NOT_BUILT = "the sink + window eviction itself is not built in sinklab-vllm 0.1 yet"
-
-
-def vllm_configs(python: Path, cases: list[dict]) -> list[dict]:
-    """vLLM's verdict on each engine configuration (no engine started), from its own venv."""
+def _run_json(python: Path, script: Path, request: object) -> object:
+    """Run ``script`` in vLLM's venv on ``request`` (JSON on stdin); its ``SINKLAB-RESULT`` line."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "VIRTUAL_ENV"))}
     proc = subprocess.run(
-        [str(python), str(REFUSALS)],
-        input=json.dumps(cases),
+        [str(python), str(script)],
+        input=json.dumps(request),
         capture_output=True,
         text=True,
         timeout=600,
@@ -142,6 +136,17 @@ def vllm_configs(python: Path, cases: list[dict]) -> list[dict]:
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("SINKLAB-RESULT ")]
     assert len(lines) == 1, proc.stdout[-2000:]
     return json.loads(lines[0].removeprefix("SINKLAB-RESULT "))
+
+
+REFUSALS = Path(__file__).resolve().parent / "vllm_env" / "refusals.py"
+SINK = {"n_sink": 4, "window": 252}
+EAGER = {"enforce_eager": True, "enable_prefix_caching": False}
+NOT_BUILT = "the sink + window eviction itself is not built in sinklab-vllm 0.1 yet"
+
+
+def vllm_configs(python: Path, cases: list[dict]) -> list[dict]:
+    """vLLM's verdict on each engine configuration (no engine started), from its own venv."""
+    return _run_json(python, REFUSALS, cases)
 
 
 def test_the_plugin_refuses_what_it_cannot_run_exactly(vllm_py, tmp_path):
@@ -199,3 +204,67 @@ def test_the_plugin_refuses_what_it_cannot_run_exactly(vllm_py, tmp_path):
             assert "sinklab: " in verdict["error"] and expected in verdict["error"], (
                 f"{where}: {verdict['error'][:500]}"
             )
+
+
+ROTARY = Path(__file__).resolve().parent / "vllm_env" / "rotary.py"
+
+
+@pytest.mark.integration
+def test_the_key_mover_is_vllms_rope_and_sinklabs_shift(vllm_py, smollm2):
+    """``sinklab_vllm.rotary``: moving a key that vLLM rotated at p1 by p2 - p1 gives vLLM's own
+    rotation at p2 (up to the float32 rounding of vLLM's angles, at most |k| * 2^-23 * (p1 + p2)),
+    moves compose, and the moved keys equal sinklab's ``Rope.shift`` (``rope_of`` of the same
+    model, what ``SinkCache`` re-rotates its sinks with) on SmolLM2 and Qwen2.5."""
+    from sinklab.models.loading import load_model
+    from sinklab.models.rotary import rope_of
+    from sinklab.models.zoo import ZOO, dequantized_dir
+
+    qwen = load_model("qwen2.5-0.5b")
+    models = {"smollm2": smollm2, "qwen2.5": qwen}
+    cases = [
+        {
+            "name": name,
+            "config": json.loads((dequantized_dir(ZOO[m.info.name]) / "config.json").read_text()),
+            "seed": i,
+        }
+        for i, (name, m) in enumerate(models.items())
+    ]
+    base = cases[0]["config"]  # the scaled kinds vLLM moves too (no sinklab model of them here)
+    scaled = {
+        "llama3": {
+            "rope_type": "llama3",
+            "rope_theta": 500000.0,
+            "factor": 8.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 1024,
+        },
+        "linear": {"rope_type": "linear", "rope_theta": 10000.0, "factor": 2.0},
+    }
+    cases += [
+        {"name": kind, "config": {**base, "rope_parameters": params}, "seed": 10 + i}
+        for i, (kind, params) in enumerate(scaled.items())
+    ]
+    results = _run_json(vllm_py, ROTARY, cases)
+    for r in results:
+        bound = r["max_key"] * 2**-23 * r["far_positions"] + 1e-5
+        print(
+            f"{r['name']} ({r['rotary']}): vLLM's rotation vs moved, max |diff| "
+            f"{r['direct_vs_moved_near']:.2e} (positions < 256), {r['direct_vs_moved_far']:.2e} "
+            f"(up to {r['max_pos']}; bound {bound:.2e}); compose {r['compose']:.2e}"
+        )
+        assert r["direct_vs_moved_near"] < r["max_key"] * 2**-23 * 512 + 1e-5, r["name"]
+        assert r["direct_vs_moved_far"] < bound, r["name"]
+        assert r["compose"] < 1e-5, r["name"]
+        if r["name"] not in models:
+            continue
+        rope = rope_of(models[r["name"]].model)
+        inv = torch.tensor(r["inv_freq"], dtype=torch.float64)
+        assert torch.equal(inv, rope.inv_freq), (inv - rope.inv_freq).abs().max()
+        keys = torch.tensor(r["sample"]["keys"])  # (S, heads, D), vLLM's layout
+        delta = torch.tensor(r["sample"]["delta"])
+        theirs = rope.shift(keys.transpose(0, 1), delta).transpose(0, 1)
+        ours = torch.tensor(r["sample"]["moved"])
+        diff = (ours - theirs).abs().max().item()
+        print(f"{r['name']}: sinklab's Rope.shift vs the plugin's move, max |diff| {diff:.2e}")
+        assert diff == 0.0, diff
