@@ -268,3 +268,55 @@ def test_the_key_mover_is_vllms_rope_and_sinklabs_shift(vllm_py, smollm2):
         diff = (ours - theirs).abs().max().item()
         print(f"{r['name']}: sinklab's Rope.shift vs the plugin's move, max |diff| {diff:.2e}")
         assert diff == 0.0, diff
+
+
+BLOCKS = Path(__file__).resolve().parent / "vllm_env" / "blocks.py"
+
+
+def test_the_block_manager_frees_exactly_what_sinklab_evicts(vllm_py):
+    """``sinklab_vllm.blocks.SinkWindowManager`` on vLLM's own BlockPool, stepped as vLLM's
+    scheduler steps it, three concurrent requests of different lengths (one 1,200 tokens past its
+    prompt): at every step each request holds exactly the blocks that contain what
+    ``sinklab.stream.policy.kept_positions`` keeps plus the new token (so nothing still needed is
+    freed and every whole block that fell out is), never more than ``max_blocks``, its block table
+    stays by stream index, and the pool is whole again once the requests are freed."""
+    from sinklab.stream.policy import kept_positions
+
+    n_sink, window = 4, 252
+    requests = [
+        {"prompt": 37, "steps": 1200},
+        {"prompt": 200, "steps": 700},
+        {"prompt": 5, "steps": 300},
+    ]
+    runs = [
+        {
+            "n_sink": n_sink,
+            "window": window,
+            "block_size": bs,
+            "pool_blocks": 128,
+            "requests": requests,
+        }
+        for bs in (128, 32)
+    ]
+    results = _run_json(vllm_py, BLOCKS, runs)
+    sinks = tuple(range(n_sink))
+    for spec, result in zip(runs, results, strict=True):
+        bs = spec["block_size"]
+        bound = -(-n_sink // bs) + -(-(window + 1) // bs) + 1
+        assert result["max_blocks"] == bound
+        for rid, steps in result["held"].items():
+            for step in steps:
+                t = step["t"]
+                needed = {p // bs for p in [*kept_positions(t, sinks, window), t]}
+                assert set(step["blocks"]) == needed, (bs, rid, t, step["blocks"], sorted(needed))
+                assert len(step["blocks"]) <= bound, (bs, rid, t)
+                assert step["table"] == t // bs + 1, (bs, rid, t)
+        most = max(len(s["blocks"]) for steps in result["held"].values() for s in steps)
+        print(
+            f"block size {bs}: at most {most} blocks per request (bound {bound}), "
+            f"{max(result['in_use'])} in the pool for 3 requests; longest request "
+            f"{max(r['prompt'] + r['steps'] for r in requests)} tokens"
+        )
+        assert most == bound  # the long requests reach the bound: it is tight
+        assert max(result["in_use"]) <= 3 * bound
+        assert result["in_use_after_free"] == 0
