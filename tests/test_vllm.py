@@ -140,7 +140,7 @@ def _run_json(python: Path, script: Path, request: object) -> object:
 
 REFUSALS = Path(__file__).resolve().parent / "vllm_env" / "refusals.py"
 SINK = {"n_sink": 4, "window": 252}
-EAGER = {"enforce_eager": True, "enable_prefix_caching": False}
+EAGER = {"enforce_eager": True, "enable_prefix_caching": False, "dtype": "float32"}
 NOT_BUILT = "the sink + window eviction itself is not built in sinklab-vllm 0.1 yet"
 
 
@@ -185,6 +185,7 @@ def test_the_plugin_refuses_what_it_cannot_run_exactly(vllm_py, tmp_path):
         ),
         (case(qwen, tensor_parallel_size=2), "tensor and pipeline parallelism are refused"),
         (case(smol, kv_cache_dtype="fp8"), "kv_cache_dtype 'fp8' is refused"),
+        (case(smol, dtype="bfloat16"), "dtype torch.bfloat16 is refused"),
         (case(smol, hf_overrides={"rope_parameters": dynamic}), "rope type 'dynamic'"),
         (
             case(mistral, skip_tokenizer_init=True),
@@ -320,3 +321,26 @@ def test_the_block_manager_frees_exactly_what_sinklab_evicts(vllm_py):
         assert most == bound  # the long requests reach the bound: it is tight
         assert max(result["in_use"]) <= 3 * bound
         assert result["in_use_after_free"] == 0
+
+
+LAYOUT = Path(__file__).resolve().parent / "vllm_env" / "layout.py"
+
+
+def test_the_kv_cache_reads_back_what_vllm_wrote(vllm_py, smollm2):
+    """``sinklab_vllm.cache.gather`` reads, by stream position through the block table, exactly
+    the keys and values vLLM's CPU attention wrote: inside a running engine (plain vLLM, SmolLM2,
+    two requests of 37 and 200 prompt tokens, 12 steps), at every forward of layer 0, both the
+    positions just written and every earlier one. The keys are stored transposed per block
+    (docs/vllm.md#layout); reading them as rows gives differences of about 12."""
+    from sinklab.corpus import load_text, token_stream
+    from sinklab.models.zoo import ZOO, dequantized_dir
+
+    folder = dequantized_dir(ZOO[smollm2.info.name], smollm2.info.weights_sha256)
+    ids = token_stream(load_text(), smollm2.tokenizer, 200).tolist()
+    request = {"model": str(folder), "prompts": [ids[:37], ids], "max_tokens": 12}
+    result = _run_json(vllm_py, LAYOUT, request)
+    print(f"layout: {result}")
+    assert result["isa"] == "vec", f"only the vec layout is read (this machine: {result['isa']})"
+    assert result["forwards"] == 12
+    assert result["checked"] == 12 * (37 + 200) + 2 * sum(range(12))
+    assert result["new"] == 0.0 and result["old"] == 0.0, result

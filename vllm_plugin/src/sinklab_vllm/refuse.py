@@ -78,6 +78,11 @@ def refusal(vllm_config: Any, options: SinkOptions) -> str | None:
             "tensor and pipeline parallelism are refused in this version: pass "
             "tensor_parallel_size=1 and pipeline_parallel_size=1"
         )
+    if str(model.dtype) != "torch.float32":
+        return (
+            f"dtype {model.dtype} is refused: only float32 KV caches have been read back "
+            "(docs/vllm.md#layout); pass dtype='float32'"
+        )
     if vllm_config.cache_config.cache_dtype != "auto":
         return (
             f"kv_cache_dtype {vllm_config.cache_config.cache_dtype!r} is refused "
