@@ -349,27 +349,47 @@ def test_the_kv_cache_reads_back_what_vllm_wrote(vllm_py, smollm2):
 ATTENTION = Path(__file__).resolve().parent / "vllm_env" / "attention.py"
 
 
+def _attention_request(loaded, hf_overrides: dict | None, variants: list[dict]) -> dict:
+    from sinklab.corpus import load_text, token_stream
+    from sinklab.models.zoo import ZOO, dequantized_dir
+
+    folder = dequantized_dir(ZOO[loaded.info.name], loaded.info.weights_sha256)
+    ids = token_stream(load_text(), loaded.tokenizer, 200).tolist()
+    return {
+        "model": str(folder),
+        "prompts": [ids[:37], ids],
+        "max_tokens": 12,
+        "hf_overrides": hf_overrides,
+        "variants": variants,
+    }
+
+
 def test_sink_attention_equals_vllms_kernel_before_eviction(vllm_py, smollm2):
     """``sinklab_vllm.attention.sink_attention`` (gather the kept slots, GQA, float32 softmax) on
     vLLM's own cache, for every decode query of every layer of a running engine (SmolLM2, two
     requests, 11 decode steps: 660 queries), equals vLLM's CPU kernel while nothing is evicted
-    (4 + 252 covers every position). After eviction the two attend to different keys by design;
-    that part is pinned only by the pieces it is made of (the move, the read-back), not yet as a
-    whole against sinklab."""
-    from sinklab.corpus import load_text, token_stream
-    from sinklab.models.zoo import ZOO, dequantized_dir
-
-    folder = dequantized_dir(ZOO[smollm2.info.name], smollm2.info.weights_sha256)
-    ids = token_stream(load_text(), smollm2.tokenizer, 200).tolist()
-    request = {
-        "model": str(folder),
-        "prompts": [ids[:37], ids],
-        "max_tokens": 12,
-        "n_sink": 4,
-        "window": 252,
-    }
-    result = _run_json(vllm_py, ATTENTION, request)
+    (4 + 252 covers every position)."""
+    request = _attention_request(smollm2, None, [{"n_sink": 4, "window": 252}])
+    (result,) = _run_json(vllm_py, ATTENTION, request)
     print(f"sink_attention vs vLLM's kernel: {result}")
-    assert result["queries"] == 2 * 11 * 30
+    assert result["queries"] == 2 * 11 * 30 and result["evicted"] == 0
     assert result["kept"] == 200 + 11  # the longest request's last query sees everything
     assert result["max_diff"] < 1e-5 * max(1.0, result["max_out"]), result
+
+
+def test_window_attention_equals_vllms_sliding_window_kernel(vllm_py, smollm2):
+    """After eviction, the window part: with SmolLM2's own sliding window forced on (every
+    layer, 40 positions, so vLLM's kernel and block manager evict), ``sink_attention`` with no
+    sinks and ``window = 39`` (vLLM's window counts the query) equals the kernel on every decode
+    query, most of them past eviction, their windows gathered out of partially evicted blocks;
+    ``window = 40`` and full attention do not (the comparison can fail). The sinks' part after a
+    gap (the move) is pinned separately, bit-equal to sinklab's."""
+    variants = [{"n_sink": 0, "window": 39}, {"n_sink": 0, "window": 40}]
+    overrides = {"layer_types": ["sliding_attention"] * 30, "sliding_window": 40}
+    right, off_by_one = _run_json(
+        vllm_py, ATTENTION, _attention_request(smollm2, overrides, variants)
+    )
+    print(f"window 39 vs vLLM's sliding window 40: {right}; window 40: {off_by_one}")
+    assert right["queries"] == 660 and right["evicted"] > 500 and right["kept"] == 40
+    assert right["max_diff"] < 1e-5 * max(1.0, right["max_out"]), right
+    assert off_by_one["max_diff"] > 1e-2, off_by_one
