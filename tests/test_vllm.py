@@ -1,10 +1,19 @@
-"""Plain vLLM (CPU build, its own venv ``.venv-vllm``) on sinklab's cached zoo checkpoints:
-greedy tokens equal transformers' on the same prompts (docs/vllm.md#baseline).
+"""vLLM (CPU build, its own venv ``.venv-vllm``) on sinklab's cached zoo checkpoints, and the
+pieces of the sinklab-vllm plugin built so far (docs/vllm.md).
 
-vLLM pins transformers<5.20 and sinklab >=5.22, so vLLM never runs in this process: a script
-(``tests/vllm_env/greedy.py``) runs in ``.venv-vllm`` on the same folder the loader reads. The
-venv is made by ``make vllm-venv`` (``make test`` makes it when missing). Without it the test
-fails, saying how to make it; only ``SINKLAB_SKIP_VLLM=1`` skips it, and says so."""
+* the baseline: plain vLLM's greedy tokens equal transformers' on the same prompts
+  (docs/vllm.md#baseline);
+* the plugin's front door: options and refusals on vLLM's final configuration (#options);
+* the pieces, each against an independent reference: the key move against vLLM's RoPE and
+  sinklab's ``Rope.shift`` (#rope), the block manager against ``kept_positions`` (#blocks), the
+  cache read-back and the decode attention against vLLM's own cache and kernel (#layout,
+  #attention).
+
+vLLM pins transformers<5.20 and sinklab >=5.22, so vLLM never runs in this process: scripts in
+``tests/vllm_env/`` run in ``.venv-vllm`` and answer one ``SINKLAB-RESULT`` JSON line. The venv
+(with the plugin, editable) is made by ``make vllm-venv`` (``make test`` makes it when missing).
+Without it the tests fail, saying how to make it; only ``SINKLAB_SKIP_VLLM=1`` skips them, and
+says so."""
 
 from __future__ import annotations
 
@@ -20,7 +29,7 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 VLLM_PYTHON = ROOT / ".venv-vllm" / "bin" / "python"
 GREEDY = Path(__file__).resolve().parent / "vllm_env" / "greedy.py"
-NEW_TOKENS = 64  # the issue's floor is 48
+NEW_TOKENS = 64
 pytestmark = pytest.mark.vllm
 
 
@@ -39,21 +48,8 @@ def vllm_greedy(
     python: Path, folder: Path, prompts: list[list[int]], max_tokens: int
 ) -> list[list[int]]:
     """Greedy tokens from plain vLLM in its own process and venv."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "VIRTUAL_ENV"))}
     request = {"model": str(folder), "prompts": prompts, "max_tokens": max_tokens}
-    proc = subprocess.run(
-        [str(python), str(GREEDY)],
-        input=json.dumps(request),
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env=env,
-        cwd=ROOT,
-    )
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("SINKLAB-RESULT ")]
-    assert len(lines) == 1, proc.stdout[-2000:]
-    return json.loads(lines[0].removeprefix("SINKLAB-RESULT "))["tokens"]
+    return _run_json(python, GREEDY, request)["tokens"]
 
 
 def hf_greedy(model, prompts: list[list[int]], max_tokens: int) -> list[list[int]]:
