@@ -535,4 +535,31 @@ def test_the_other_routes_read_values_as_strictly_as_chat(
         resp = http.post(f"{served.base}/{route}", content=body, headers=_auth("key-b"))
     _refused(resp, 400, needle)
     assert resp.json()["error"]["param"] == param
+
+
+def test_a_history_the_named_session_does_not_hold_is_refused_not_appended(served):
+    """With a session_id, a resent conversation must be the session's: an edited one (another
+    assistant reply) is refused (400 history_mismatch) and the session stays as it was; the
+    session's own conversation with a new message continues it, reading only the new text."""
+    url, model, a = served.base + "/chat/completions", served.model, _auth("key-a")
+    with httpx.Client(timeout=60) as http:
+        first = http.post(url, json=_body(model, "one", session_id="hist"), headers=a).json()
+        reply = first["choices"][0]["message"]["content"]
+        before = http.get(served.base + "/sessions/hist", headers=a).json()
+
+        def resend(said: str) -> httpx.Response:
+            history = [{"role": "user", "content": "one"}, {"role": "assistant", "content": said},
+                       {"role": "user", "content": "two"}]  # fmt: skip
+            body = {"model": model, "messages": history, "max_tokens": 3, "session_id": "hist"}
+            return http.post(url, json=body, headers=a)
+
+        edited = resend(reply + " (edited)")
+        _refused(edited, 400, "does not")
+        assert edited.json()["error"]["code"] == "history_mismatch"
+        assert http.get(served.base + "/sessions/hist", headers=a).json() == before
+        ok = resend(reply).json()
+        assert ok["session"]["turns"] == 2
+        assert ok["usage"]["prompt_tokens_details"]["cached_tokens"] == before["tokens_seen"]
+        held = http.get(served.base + "/sessions/hist", headers=a).json()["messages"]
+        assert [m["content"] for m in held if m["role"] == "user"] == ["one", "two"]
     assert "Traceback" not in served.log

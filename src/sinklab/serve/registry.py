@@ -189,6 +189,18 @@ class Registry:
                     headers={"Retry-After": "1"},
                 )
             known = session.chat.messages
+            if not _extends(messages, known) and any(m["role"] == "assistant" for m in messages):
+                if created:
+                    del self.live[(tenant, session.id)]
+                raise ApiError(  # appended, the session would hold the conversation twice
+                    400,
+                    f"the messages hold a conversation that session {session.id!r} does not "
+                    f"(it holds {len(known)} messages: GET /v1/sessions/{session.id}); send only "
+                    "the new messages, the session's conversation and the new ones, or no "
+                    "session_id",
+                    code="history_mismatch",
+                    param="messages",
+                )
             new = messages[len(known) :] if _extends(messages, known) else messages
             if not new or new[-1]["role"] not in ("user", "tool"):
                 if created:
