@@ -144,15 +144,33 @@ def test_a_streamed_reply_with_tools_gives_the_call_in_deltas(qwen, client):
     assert calls[0]["id"].startswith("call_")
 
 
-def test_tool_choice_none_renders_no_tools(qwen, client):
-    """``tool_choice: "none"``: the model is not offered the tools (not rendered) and its reply
-    is text, never parsed as a call."""
+def test_tool_choice_none_is_text_and_keeps_a_tools_session(qwen, client):
+    """``tool_choice: "none"``: the reply is text, never parsed as a call; the tools are still
+    rendered (the model sees them and is not to call them, as OpenAI means it), so a session
+    started with tools takes a turn with "none" and then calls again (it was a 400 "other
+    tools" when "none" meant no tools)."""
     out = client.chat.completions.create(
         model=QWEN, messages=[{"role": "user", "content": ASK}], tools=WEATHER,
         tool_choice="none", temperature=0, max_tokens=8,
     )  # fmt: skip
     assert out.choices[0].finish_reason in ("stop", "length")
     assert out.choices[0].message.tool_calls is None and out.choices[0].message.content
+    sid = {"session_id": "tools-then-none"}
+    first = client.chat.completions.create(
+        model=QWEN, messages=[{"role": "user", "content": ASK}], tools=WEATHER,
+        temperature=0, max_tokens=40, extra_body=sid,
+    )  # fmt: skip
+    assert first.choices[0].finish_reason == "tool_calls", first
+    called = first.choices[0].message
+    history = [{"role": "user", "content": ASK}, called.model_dump(exclude_none=True),
+               {"role": "tool", "tool_call_id": called.tool_calls[0].id,
+                "content": "18 C, sunny"}]  # fmt: skip
+    second = client.chat.completions.create(
+        model=QWEN, messages=history, tools=WEATHER, tool_choice="none", temperature=0,
+        max_tokens=12, extra_body=sid,
+    )  # fmt: skip
+    assert second.choices[0].message.tool_calls is None and second.choices[0].message.content
+    assert second.model_extra["session_id"] == "tools-then-none"
 
 
 NAMES = {"get_weather", "add"}

@@ -151,7 +151,8 @@ class Server:
         registry = self.engine.registry
         session, new, created = registry.acquire(tenant, req.session_id, messages, tools)
         stops = req.stops()
-        if tools is not None and req.parallel_tool_calls is False:
+        callable_tools = tools if req.tools_on() else None  # "none": no reply parsed as a call
+        if callable_tools is not None and req.parallel_tool_calls is False:
             stops.append(TOOL_END)  # at most one call: the reply ends with its first
         loop = asyncio.get_running_loop()
         events: asyncio.Queue[tuple[str, Any]] = asyncio.Queue()
@@ -167,7 +168,7 @@ class Server:
             created=created,
             deferred=True,  # applied once the client can have it (see _whole, _stream)
             sampling=sampling,
-            tool_names=frozenset(t["function"]["name"] for t in tools or ()),
+            tool_names=frozenset(t["function"]["name"] for t in callable_tools or ()),
         )
         try:
             self.engine.submit(job)
@@ -195,9 +196,10 @@ class Server:
                 code="unsupported_parameter",
                 param=param,
             )
-        if not req.tools_on():
+        if not req.tools or not self.engine.tools_ok:
             return None
-        assert req.tools is not None
+        # rendered under tool_choice "none" too (the model sees them and is not to call them;
+        # OpenAI's meaning), so a tools session's turn with "none" is the same session
         return [t.model_dump(exclude_none=True) for t in req.tools]
 
     async def _whole(self, request: Request, job: Job, events: asyncio.Queue) -> Response:
