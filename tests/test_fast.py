@@ -87,7 +87,7 @@ def test_int8_moves_each_weight_at_most_half_a_step_and_matches_a_matmul():
     q, scale, moved = fast.quantize_weight_int8(lin.weight)
     assert q.dtype == torch.int8 and int(q.abs().max()) == 127
     # the reported move is the kernel's (bfloat16 scales): half a step plus the scale's rounding
-    assert 0 < moved <= 1 / 254 + 2**-9 + 1e-6
+    assert 0 < moved <= 1 / 254 + 2**-8 + 1e-6
     kernel = q.float() * scale.bfloat16().float()[:, None]
     rowmax = lin.weight.detach().abs().amax(1)
     assert math.isclose(moved, float(((kernel - lin.weight.detach()).abs().amax(1) / rowmax).max()),

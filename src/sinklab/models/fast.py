@@ -14,7 +14,7 @@ for its layout (no new dependency):
 * :class:`Int8Linear` keeps the weight as symmetric 8-bit integers with one scale per output row
   (``torch._weight_int8pack_mm``): a quarter of the bytes; each weight moves by at most half a
   step, 1/254 of its row's largest magnitude, plus its scale's bfloat16 rounding (the kernel's
-  scales are bfloat16: at most 1/512 more; :attr:`FastPath.int8_moved` reports the largest
+  scales are bfloat16: at most 1/256 more; :attr:`FastPath.int8_moved` reports the largest
   move). Measured on the AMD EPYC here (1 thread): SmolLM2's tied head (49152 x 576), which is
   45 % of an int4 step in float32, 12.4 -> 4.3 CPU ms; Qwen2.5's MLP layers 5-9x.
 
@@ -166,7 +166,7 @@ def quantize_weight_int8(weight: Tensor) -> tuple[Tensor, Tensor, float]:
     """A (N, K) weight -> its 8-bit codes (N, K) in -127..127, one scale per row (N,) with
     w = q * scale, and the largest change of any weight relative to its row's largest magnitude
     as the kernel computes with it: half a step (1/254) plus the scale's bfloat16 rounding (at
-    most 2^-9 of the row's largest magnitude), so at most 1/254 + 1/512."""
+    most 2^-8 of the row's largest magnitude), so at most 1/254 + 1/256."""
     w = weight.detach().float()
     mag = w.abs().amax(1, keepdim=True).clamp_min(1e-30)
     scale = mag / 127
@@ -206,7 +206,7 @@ class FastPath:
     (``converted``) and which on int8 (``int8``), which stayed as loaded (``kept``), the linear
     weights' bytes before and after, the largest relative move of a weight on int4 (0: every
     one already was 4-bit; for a path that kept 4-bit candidates, the largest move seen) and on
-    int8 (at most 1/254 + 1/512), and the CPU's facts."""
+    int8 (at most 1/254 + 1/256), and the CPU's facts."""
 
     quantize: str
     why: str
