@@ -193,6 +193,38 @@ def test_one_turn_failing_after_the_shared_read_fails_alone(model, chat_tokenize
     assert events["ok"][-1] == alone[-1]
 
 
+class _Broken(Sampling):
+    """A request whose first token cannot be sampled for a reason of the server's (not NaN)."""
+
+    def pick(self, logits, counts, gen):
+        raise RuntimeError("sampling broke")
+
+
+def test_one_turn_whose_sampling_breaks_after_the_shared_read_fails_alone(model, chat_tokenizer):
+    """A turn whose first token's sampling raises (after the shared prefill) fails with a 500 of
+    its own ("failed to read"), leaves its session as before, and the turn read with it
+    completes with the reply it gets alone."""
+    engine = _engine(model, chat_tokenizer)
+    events = {sid: [] for sid in ("ok", "bad")}
+    for sid, text in zip(events, TURNS, strict=False):
+        session = engine.sessions.setdefault(("t", sid), engine.new_session(sid, "t"))
+        new = [{"role": "user", "content": text}]
+        job = Job(session, new, 3, 0.0, None, [], float("inf"), events[sid].append)
+        if sid == "bad":
+            job.sampling = _Broken()
+        engine.queue.put(job)
+    bad = engine.sessions[("t", "bad")].chat
+    before = bad.record()
+    while engine.queue.qsize() or engine.busy():
+        engine.step()
+    assert engine.metrics.prefill_peak == 2
+    kind, error = events["bad"][-1]
+    assert kind == "error" and error.status == 500 and "failed to read" in error.message, error
+    assert bad.record() == before and engine.sessions[("t", "bad")].state.seen == 0
+    alone = _turn(_engine(model, chat_tokenizer), "ok", [{"role": "user", "content": TURNS[0]}], 3)
+    assert events["ok"][-1] == alone[-1]
+
+
 class _NaNOnStep(Sampling):
     """A request whose row turns NaN at its ``n``-th token (as the model's logits would)."""
 

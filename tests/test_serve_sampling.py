@@ -282,13 +282,28 @@ def test_text_response_format_and_developer_role_are_honoured(client, chat_dir):
         n=1,
         user="someone",
     )
+    as_system = client.chat.completions.create(
+        model=str(chat_dir),
+        messages=[{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}],
+        max_tokens=3,
+        temperature=0,
+    )
+    again = client.chat.completions.create(
+        model=str(chat_dir),
+        messages=[{"role": "developer", "content": "be brief"}, {"role": "user", "content": "hi"}],
+        max_tokens=3,
+        temperature=0,
+    )
     assert out.choices[0].message.content is not None
+    # developer is OpenAI's new name of system: the same prompt, so the same greedy reply
+    assert again.choices[0].message.content == as_system.choices[0].message.content
 
 
-def test_a_hostile_temperature_beside_a_stream_fails_alone(client, chat_dir, server):
-    """While one client streams a reply, another sends temperature 1e-307: it gets a 400 JSON
-    naming ``temperature``, the stream runs to its end with the reply it gets alone, and the
-    log holds no traceback."""
+def test_a_refused_temperature_beside_a_stream_leaves_the_stream_alone(client, chat_dir, server):
+    """While one client streams a reply, another sends temperature 1e-307 (refused when parsed,
+    below the 1e-4 floor: it never enters the batch; the batched non-finite row is
+    tests/test_serve_engine.py's): it gets a 400 JSON naming ``temperature``, the stream runs
+    to its end with the reply it gets alone, and the log holds no traceback."""
     model, text = str(chat_dir), "or to take arms against a sea of troubles"
     stream = client.chat.completions.create(
         model=model,
