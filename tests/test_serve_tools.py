@@ -226,3 +226,29 @@ def test_a_sessions_tools_and_calls_survive_its_file(tiny_model_factory, chat_to
     assert back.chat.tools == WEATHER
     assert back.chat.messages == chat.messages
     assert seen_as(back.chat.messages[-1]) == {"role": "assistant", **sent}
+
+
+def test_langchain_bind_tools_gets_the_call_and_continues(qwen, client):
+    """LangChain's ``ChatOpenAI.bind_tools`` (a second real client, unmodified): the model's call
+    comes back as LangChain's ``tool_calls``, equal to what the official client gets, and a
+    ``ToolMessage`` with the result continues the conversation (the model then answers or
+    calls again, each reported as such)."""
+    from langchain_core.messages import HumanMessage, ToolMessage
+    from langchain_openai import ChatOpenAI
+
+    llm = ChatOpenAI(model=QWEN, base_url=qwen.base, api_key="k", max_retries=0, timeout=600,
+                     temperature=0, max_tokens=40).bind_tools(WEATHER)  # fmt: skip
+    got = llm.invoke([HumanMessage(ASK)])
+    want = client.chat.completions.create(
+        model=QWEN, messages=[{"role": "user", "content": ASK}], tools=WEATHER, temperature=0,
+        max_tokens=40,
+    ).choices[0].message.tool_calls  # fmt: skip
+    assert [(c["name"], c["args"]) for c in got.tool_calls] == [
+        (c.function.name, json.loads(c.function.arguments)) for c in want
+    ] and got.tool_calls
+    result = ToolMessage("18 C, sunny", tool_call_id=got.tool_calls[0]["id"])
+    reply = llm.invoke([HumanMessage(ASK), got, result])
+    calls_again = reply.response_metadata["finish_reason"] == "tool_calls"
+    assert calls_again == bool(reply.tool_calls)  # the model may call again or answer
+    assert reply.tool_calls or reply.content
+    assert "Traceback" not in qwen.log
