@@ -148,6 +148,23 @@ def test_lists_of_prompts_are_one_choice_each(client, chat_dir, loaded):
     assert many.usage.prompt_tokens == n
 
 
+def test_prompts_read_together_score_as_each_alone(client, chat_dir, loaded):
+    """Ten prompts of different lengths (two groups of rows read together; one longer than the
+    window, so its row evicts while the others do not): each choice equals its prompt alone."""
+    base = _ids(loaded, TEXT) * 20
+    prompts = [base[: 3 + 7 * k] for k in range(9)] + [base[:300]]
+    kw = {"model": str(chat_dir), "max_tokens": 4, "temperature": 0, "echo": True, "logprobs": 1}
+    many = client.completions.create(prompt=prompts, **kw)
+    assert [c.index for c in many.choices] == list(range(10))
+    for p, choice in zip(prompts, many.choices, strict=True):
+        alone = client.completions.create(prompt=p, **kw).choices[0]
+        assert choice.text == alone.text
+        assert choice.logprobs.token_logprobs == pytest.approx(
+            alone.logprobs.token_logprobs, abs=1e-5
+        )
+    assert many.usage.prompt_tokens == sum(len(p) for p in prompts)
+
+
 def test_a_stream_equals_the_whole_reply(client, chat_dir):
     kw = {"model": str(chat_dir), "prompt": ["the king", "our"], "max_tokens": 10,
           "temperature": 0, "logprobs": 2, "echo": True}  # fmt: skip
