@@ -23,11 +23,15 @@ $(STAMP): pyproject.toml Makefile
 
 # lm-evaluation-harness in a venv of its own (tests/test_serve_lm_eval.py): its pins stay out of
 # .venv; torch first, the CPU wheel on disk, so that pip never resolves a CUDA build.
+# About 4 minutes on 2 busy cores; a second run does nothing.
 LMEVAL_VENV := .venv-lmeval
-lmeval-venv:
+LMEVAL_STAMP := $(LMEVAL_VENV)/.sinklab-installed
+lmeval-venv: $(LMEVAL_STAMP)
+$(LMEVAL_STAMP):
 	test -x $(LMEVAL_VENV)/bin/python || $(PYTHON) -m venv $(LMEVAL_VENV)
 	$(LMEVAL_VENV)/bin/python -m pip install -q $(TORCH)
 	$(LMEVAL_VENV)/bin/python -m pip install -q 'lm-eval[api]==0.4.13' transformers==5.24.0
+	touch $(LMEVAL_STAMP)
 
 # Headless Chromium for the report's browser test (Debian packages; skipped when present).
 browser:

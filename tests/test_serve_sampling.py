@@ -303,8 +303,8 @@ def test_a_hostile_temperature_beside_a_stream_fails_alone(client, chat_dir, ser
 
 
 def test_model_route_and_the_routes_not_served(client, chat_dir, server):
-    """GET /v1/models/{id} answers the served model (404 for another); /v1/responses and
-    /v1/embeddings answer a 404 that names the route to use; defaults that ask for nothing
+    """GET /v1/models/{id} answers the served model (404 for another);
+    /v1/embeddings answers a 404 that names the route to use; defaults that ask for nothing
     (parallel_tool_calls false, tool_choice none, store false) are accepted."""
     import httpx
 
@@ -312,7 +312,7 @@ def test_model_route_and_the_routes_not_served(client, chat_dir, server):
     with pytest.raises(openai.NotFoundError) as err:
         client.models.retrieve("gpt-4o")
     assert err.value.body["code"] == "model_not_found"
-    for route in ("/responses", "/embeddings"):
+    for route in ("/embeddings",):
         resp = httpx.post(server.base + route, json={"model": "m", "prompt": "x"},
                           headers={"Authorization": "Bearer key-a"}, timeout=30)  # fmt: skip
         assert resp.status_code == 404 and "/v1/chat/completions" in resp.json()["error"]["message"]

@@ -317,7 +317,7 @@ class Server:
         """Routes OpenAI has and this server does not: a 404 that names the one to use."""
         raise ApiError(
             404,
-            f"{request.url.path} is not served here (this version serves chat only); use "
+            f"{request.url.path} is not served here (no embeddings in this version); use "
             "POST /v1/chat/completions with messages",
             code="unsupported_route",
         )
