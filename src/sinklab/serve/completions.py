@@ -197,7 +197,7 @@ class Completions:
         max_tokens = DEFAULT_MAX_TOKENS if req.max_tokens is None else req.max_tokens
         if max_tokens > cfg.max_tokens_limit:
             raise _bad("max_tokens", f"{max_tokens} is over this server's {cfg.max_tokens_limit}")
-        prompts = self._prompts(req.prompt)
+        prompts = await asyncio.to_thread(self._prompts, req.prompt)  # off the event loop
         seed = chat.seed if chat.seed is not None else secrets.randbits(53)
         sampling = replace(chat.sampling(), temperature=temperature_of(server, chat))
         loop = asyncio.get_running_loop()

@@ -173,7 +173,7 @@ class Responses:
             raise _bad("max_output_tokens", f"{max_tokens} is over this server's "
                        f"{cfg.max_tokens_limit}")  # fmt: skip
         try:  # rendered as sinklab chat renders a conversation (its template, its first token)
-            _, _, ids = server.engine.make_chat().to_read(messages)
+            _, _, ids = await asyncio.to_thread(server.engine.make_chat().to_read, messages)
         except SinklabError as err:
             raise _bad("input", str(err), "invalid_conversation") from None
         except Exception as err:  # a template that raises on this conversation
