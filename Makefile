@@ -23,7 +23,7 @@ $(STAMP): pyproject.toml Makefile
 
 # lm-evaluation-harness in a venv of its own (tests/test_serve_lm_eval.py): its pins stay out of
 # .venv; torch first, the CPU wheel on disk, so that pip never resolves a CUDA build.
-# About 4 minutes on 2 busy cores; a second run does nothing.
+# 1.8 GB, 4.5 to 8.5 minutes on 2 busy cores (load 9-11); a second run does nothing.
 LMEVAL_VENV := .venv-lmeval
 LMEVAL_STAMP := $(LMEVAL_VENV)/.sinklab-installed
 lmeval-venv: $(LMEVAL_STAMP)
