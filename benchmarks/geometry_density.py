@@ -40,7 +40,7 @@ def _density_summary(data: dict[str, Any]) -> dict[str, Any]:
     return {
         "modified_layers": data["modified_layers"],
         "after_layers": data["after_layers"],
-        "verdicts": data["verdicts"],
+        "curve_shapes": data["curve_shapes"],
         "conditions": {
             k: {
                 param: c[param],

@@ -1,9 +1,17 @@
-"""The GPU lab: the length sweep on natural text at constant tokens per step, one JSON file.
+"""The GPU lab: the length sweep (and, with ``--depths``, the depth sweep) on natural text at
+constant tokens per step, one JSON file.
 
 Usage (one call of a lent GPU; about 10 minutes on one modern GPU, untested on a GPU so far):
 
     python benchmarks/lab_gpu.py --out $OUT/lab_gpu.json
+    python benchmarks/lab_gpu.py --depths 2,4,8 --lengths 512 --out $OUT/lab_gpu_depth.json
     python benchmarks/lab_gpu.py --tiny --out lab_gpu.json      # the CPU smoke run the tests use
+
+``--depths`` is the way to decide ``sinks-grow-depth`` (docs/claims.md: no CPU-scale set-up can:
+backcopy needs one switching head at any depth, and 1-, 2- and 4-layer backcopy models grow
+exactly one sink head, in layer 0): the ``gpu`` preset at each number of layers, the shortest
+of ``--lengths``, everything else equal; ``comparison_depth`` holds per seed the claim's effect,
+the mean first-token sink mass of the deepest run minus the shallowest's, beside the sink rates.
 
 Each length of ``--lengths`` trains the ``gpu`` preset of the ``text`` task (8 layers x 8 heads,
 ``d_model`` 512, the plays with BOS-prefixed documents packed, ``packed-bos``) with the batch cut
@@ -85,6 +93,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tokens-per-step", type=int, default=None, help="gpu: 32768")
     ap.add_argument("--steps", type=int, default=None, help="gpu: 2000")
     ap.add_argument("--seeds", type=int, default=1)
+    ap.add_argument(
+        "--depths", default=None, help="comma-separated layer counts: the depth sweep instead"
+    )
     ap.add_argument("--tiny", action="store_true", help="the CPU smoke configuration")
     ap.add_argument("--out", type=Path, default=Path("lab_gpu.json"))
     args = ap.parse_args(argv)
@@ -101,6 +112,12 @@ def main(argv: list[str] | None = None) -> int:
         lengths = tuple(int(x) for x in args.lengths.split(","))
     tokens = args.tokens_per_step or tokens
     steps = args.steps or steps
+    depths = tuple(int(x) for x in args.depths.split(",")) if args.depths else None
+    if depths is not None and (len(depths) < 2 or min(depths) < 1):
+        print("error: --depths needs two or more layer counts >= 1, e.g. 2,4,8", file=sys.stderr)
+        return 2
+    if depths is not None:
+        lengths = (min(lengths),)
     if any(tokens % t for t in lengths):
         print(
             f"error: --tokens-per-step {tokens} must be a multiple of every length", file=sys.stderr
@@ -130,20 +147,27 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.perf_counter()
     for seed in range(args.seeds):
         for t in lengths:
-            config = preset(
-                "gpu",
-                task="text",
-                data="packed-bos",
-                seq_len=t,
-                batch_size=tokens // t,
-                steps=steps,
-                keep_checkpoints=False,
-                seed=seed,
-                **base,
-            )
-            report["runs"].append(run_row(train(config)))
-            report["seconds"] = round(time.perf_counter() - t0, 1)
-            write_json_atomic(args.out, report)  # a call cut short keeps what it finished
+            for layers in depths or (None,):
+                kw = dict(base) if layers is None else {**base, "layers": layers}
+                config = preset(
+                    "gpu",
+                    task="text",
+                    data="packed-bos",
+                    seq_len=t,
+                    batch_size=tokens // t,
+                    steps=steps,
+                    keep_checkpoints=False,
+                    seed=seed,
+                    **kw,
+                )
+                report["runs"].append(run_row(train(config)))
+                report["seconds"] = round(time.perf_counter() - t0, 1)
+                write_json_atomic(args.out, report)  # a call cut short keeps what it finished
+    if depths is not None:
+        report["comparison"] = depth_comparison(report["runs"])
+        write_json_atomic(args.out, report)
+        print(json.dumps(report["comparison"]))
+        return 0
     by_seed: dict[int, dict[int, dict]] = {}
     for r in report["runs"]:
         by_seed.setdefault(r["config"]["seed"], {})[r["config"]["seq_len"]] = r
@@ -161,6 +185,31 @@ def main(argv: list[str] | None = None) -> int:
     write_json_atomic(args.out, report)
     print(json.dumps(report["comparison"]))
     return 0
+
+
+def depth_comparison(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per seed, ``sinks-grow-depth``'s effect (docs/claims.md): the mean first-token sink mass
+    of the deepest run minus the shallowest's, at the last checkpoint, beside each depth's mass
+    and sink rate and whether every run converged."""
+    by_seed: dict[int, dict[int, dict]] = {}
+    for r in runs:
+        by_seed.setdefault(r["config"]["seed"], {})[r["config"]["layers"]] = r
+    out = []
+    for seed, rs in sorted(by_seed.items()):
+        if len(rs) < 2:
+            continue
+        last = {d: rs[d]["trajectory"][-1] for d in sorted(rs)}
+        out.append(
+            {
+                "seed": seed,
+                "depths": [min(rs), max(rs)],
+                "effect": last[max(rs)]["first_token_mass"] - last[min(rs)]["first_token_mass"],
+                "first_token_mass": {str(d): v["first_token_mass"] for d, v in last.items()},
+                "sink_rate": {str(d): v["sink_rate"] for d, v in last.items()},
+                "all_converged": all(r["convergence"]["met"] for r in rs.values()),
+            }
+        )
+    return out
 
 
 def _log_ratio(long: dict, short: dict) -> float | None:

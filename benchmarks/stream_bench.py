@@ -320,7 +320,8 @@ def ensure_peer_venv(name: str) -> tuple[Path | None, str | None]:
 
 def peer_model_dir() -> Path:
     """The dequantized SmolLM2 with a config transformers 4.34 can read (``rope_theta``)."""
-    from sinklab.models.loading import SMOLLM2, dequantize, file_sha256, smollm2_gguf_path
+    from sinklab.models.checkpoint import dequantize, smollm2_gguf_path
+    from sinklab.models.zoo import SMOLLM2, file_sha256
 
     gguf = smollm2_gguf_path()
     src = dequantize(SMOLLM2, gguf, file_sha256(gguf))

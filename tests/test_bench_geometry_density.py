@@ -29,4 +29,4 @@ def test_worker_on_a_tiny_model(bench, tiny_model_dir, part):
         assert len(out["per_text_middle_attention_input"]) == 2
     else:
         assert out["parameter"] == "tau" and "tau=1" in out["conditions"]
-        assert set(out["verdicts"]) == {"residual", "attention_input"}
+        assert set(out["curve_shapes"]) == {"residual", "attention_input"}

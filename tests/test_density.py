@@ -116,11 +116,11 @@ def test_interventions_are_scoped(model, ids, handler):
 
 
 def test_density_verdict_rule():
-    assert density_verdict([0.1, 0.2, 0.3]) == ("holds", pytest.approx(0.2))
-    assert density_verdict([0.1, 0.3, 0.25, 0.4])[0] == "holds in trend"
+    assert density_verdict([0.1, 0.2, 0.3]) == ("rises", pytest.approx(0.2))
+    assert density_verdict([0.1, 0.3, 0.25, 0.4])[0] == "rises in trend"
     assert density_verdict([0.1, 0.105, 0.108])[0] == "no change"
-    assert density_verdict([0.4, 0.3, 0.2])[0] == "does not hold"
-    assert density_verdict([0.1, 0.095, 0.3])[0] == "holds"  # a dip within the tolerance
+    assert density_verdict([0.4, 0.3, 0.2])[0] == "falls"
+    assert density_verdict([0.1, 0.095, 0.3])[0] == "rises"  # a dip within the tolerance
     assert after_group([1.0, 2.0, 3.0, 4.0, 5.0], [1, 2]) == pytest.approx(4.5)
 
 
@@ -150,9 +150,21 @@ def test_density_experiment_json(model, tiny_tokenizer, ids, protocol):
         assert data["conditions"][identity]["ppl"] == pytest.approx(base["ppl"], rel=1e-5)
     assert "Súkeník et al." in data["finding"] and "seed" not in data["finding"]
     assert ("confound" in data["finding"]) == (protocol == "replace")
-    assert data["verdicts"]["attention_input"] in (
-        "holds", "holds in trend", "no change", "does not hold"
-    )  # fmt: skip
+    assert data["curve_shapes"]["attention_input"] in (
+        "rises",
+        "rises in trend",
+        "no change",
+        "falls",
+    )
+    # the claim's verdict is the claims rule's, on the mix at lam 0.5 only (one text: too few)
+    claim = data["claim"]
+    if protocol == "mix":
+        assert claim["id"] == "density-oversmooths" and claim["verdict"] == "inconclusive"
+        assert (
+            "too few samples" in claim["reason"] and "`density-oversmooths` is" in data["finding"]
+        )
+    else:
+        assert claim is None and "not run here" in data["finding"]
 
 
 def test_default_layers_are_the_middle_third(tiny_tokenizer):

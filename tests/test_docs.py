@@ -10,7 +10,8 @@ SHARED_PAGES = (OLD_PAGE, "DESIGN" + ".md", "STYLE" + ".md", "../" + "shared")
 
 
 def sources() -> list[Path]:
-    files = [f for d in ("src", "tests", "benchmarks") for f in ROOT.joinpath(d).rglob("*.py")]
+    dirs = ("src", "tests", "benchmarks", "vllm_plugin")
+    files = [f for d in dirs for f in ROOT.joinpath(d).rglob("*.py")]
     return [*files, ROOT / "README.md", *DOCS.glob("*.md")]
 
 

@@ -314,7 +314,7 @@ def _build(calls: list[int]):
 
 @pytest.mark.parametrize("damage", ["truncated", "flipped", "no marker", "file gone"])
 def test_a_broken_cache_entry_is_rebuilt_once(tmp_path, caplog, damage):
-    from sinklab.models.loading import cached_build
+    from sinklab.models.checkpoint import cached_build
     from sinklab.models.zoo import READY
 
     target, calls, facts = tmp_path / "entry", [], {"from": "x"}
@@ -339,7 +339,7 @@ def test_a_broken_cache_entry_is_rebuilt_once(tmp_path, caplog, damage):
 
 
 def test_a_cache_that_rebuilding_cannot_heal_says_it_is_safe_to_delete(tmp_path, monkeypatch):
-    import sinklab.models.loading as models
+    import sinklab.models.checkpoint as models
 
     monkeypatch.setattr(models, "cache_problem", lambda folder, facts: "a disk that lies")
     with pytest.raises(SinklabError, match=r"sinklab's own cache of a model .* safe to delete"):
@@ -351,7 +351,7 @@ def test_the_embedded_model_cache_heals_in_one_line(tmp_path, smollm2):
     """A truncated embedded-model cache: one line says it is rebuilt, then the run works (no
     GGUF progress bars); the rebuilt files follow the umask. The cache starts as a copy of the
     user's whole one (the ``smollm2`` fixture built it), so the GGUF is converted once here."""
-    from sinklab.models.loading import zoo_weights
+    from sinklab.models.checkpoint import zoo_weights
     from sinklab.models.zoo import SMOLLM2
 
     whole, _, _ = zoo_weights(SMOLLM2)  # the folder this checkout's GGUF converts to
@@ -519,7 +519,7 @@ def test_interrupt_during_start_up_is_one_line(tmp_path, sig):
 def test_a_new_cache_format_removes_its_older_copies(tmp_path):
     """After a format bump the older copies (with sinklab's marker) go; a folder of the same
     name without the marker is not sinklab's and stays."""
-    from sinklab.models.loading import remove_older_formats
+    from sinklab.models.checkpoint import remove_older_formats
     from sinklab.models.zoo import READY
 
     for v in (1, 2, 3):

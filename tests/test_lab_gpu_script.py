@@ -58,3 +58,26 @@ def test_lengths_must_divide_the_tokens_per_step(bench, tmp_path, capsys):
     code = bench.main(["--tiny", "--lengths", "16,24", "--out", str(tmp_path / "x.json")])
     assert code == 2 and "multiple of every length" in capsys.readouterr().err
     assert not (tmp_path / "x.json").exists()
+
+
+def test_the_tiny_depth_sweep_compares_the_deepest_with_the_shallowest(bench, tmp_path):
+    """``--depths``: the way to decide sinks-grow-depth (docs/claims.md); one length, the layer
+    counts differ and nothing else, the effect is the deepest run's first-token mass minus the
+    shallowest's."""
+    import torch
+
+    torch.set_num_threads(1)
+    out = tmp_path / "depth.json"
+    assert bench.main(["--tiny", "--depths", "1,2", "--out", str(out)]) == 0
+    data = json.loads(out.read_text())
+    runs = data["runs"]
+    assert [r["config"]["layers"] for r in runs] == [1, 2]
+    assert [r["config"]["seq_len"] for r in runs] == [16, 16]  # the shortest length only
+    (cmp,) = data["comparison"]
+    want = (
+        runs[1]["trajectory"][-1]["first_token_mass"]
+        - runs[0]["trajectory"][-1]["first_token_mass"]
+    )
+    assert cmp["depths"] == [1, 2] and cmp["effect"] == pytest.approx(want)
+    bad = bench.main(["--tiny", "--depths", "2", "--out", str(tmp_path / "x.json")])
+    assert bad == 2

@@ -157,7 +157,8 @@ def test_same_protocol_keeps_the_plain_reason_and_none_is_never_judged():
     v = _verdict([converged] * 3, fidelity=FIDELITY["hard-switch-sink"])
     assert v.verdict == "supported" and "proxy" not in v.reason
     v = _verdict([converged] * 3, fidelity=FIDELITY["sinks-grow-depth"])
-    assert v.verdict == "inconclusive" and "no CPU-scale set-up here tests it" in v.reason
+    assert v.verdict == "inconclusive" and "one switching head at any depth" in v.reason
+    assert "benchmarks/lab_gpu.py --depths" in v.reason  # the run that decides it
     none = lab_verdict(None, "above", 0.0, FIDELITY["bos-reliance"], [], [], not_measured="x")
     assert none.verdict == "inconclusive" and none.reason == "not measured: x"
 
@@ -270,5 +271,23 @@ def test_a_diagonal_head_is_no_sink_and_a_kept_sink_is_no_removal():
     assert not diagonal.met and "solved without a sink: a diagonal head" in diagonal.reason
     assert run(0.8, 0.01).sink().met and "no sink" in run(0.2, 0.1).sink().reason
     kept = run(0.8, 0.0, "softmax1").sink_free()  # r 8: the variant still has a sink
-    assert not kept.met and "still carries a first-token sink (m 0.8, r 8)" in kept.reason
+    assert not kept.met and "still carries a first-token sink (m 0.8, r 8), not settled" in (
+        kept.reason
+    )
     assert run(0.01, 0.0, "softmax1").sink_free().met
+
+    def tailed(ms):  # the variant's first-token mass at tail checkpoints 800..1000
+        bc = {"uniform_first_mass_nontrigger": 0.1, "diag_mass_nontrigger": 0.0}
+        cps = [
+            {"step": st, "backcopy": {**bc, "first_token_mass_nontrigger": m}}
+            for st, m in zip(range(800, 1001, 50), ms, strict=True)
+        ]
+        config = {"task": "backcopy", "seed": 2, "variant": "softmax1", "steps": STEPS}
+        return LabRun(None, config, cps, {}, []).sink_free()
+
+    # seed 2 of the quick plan: softmax1 kept its sink flat (0.991..0.993; 0.998 at 2,000 steps)
+    flat = tailed([0.993, 0.993, 0.991, 0.993, 0.993])
+    assert not flat.met and "settled with a first-token sink" in flat.reason
+    assert "unneeded, not absent" in flat.reason and "steps 800-1000" in flat.reason
+    leaving = tailed([0.9, 0.7, 0.5, 0.4, 0.35])  # on its way out: not settled, not a finding
+    assert not leaving.met and "not settled" in leaving.reason

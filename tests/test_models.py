@@ -48,7 +48,7 @@ def test_embedded_smollm2_predicts_english(smollm2):
 def test_cached_load_is_bit_identical_to_gguf(smollm2):
     from transformers import AutoModelForCausalLM
 
-    from sinklab.models.loading import smollm2_gguf_path
+    from sinklab.models.checkpoint import smollm2_gguf_path
 
     gguf = smollm2_gguf_path()
     direct = AutoModelForCausalLM.from_pretrained(
@@ -63,7 +63,7 @@ def _tied_tiny(tiny_tokenizer, folder):
     """A tiny tied Llama (tie_word_embeddings: the head is the embedding) written as the zoo
     cache writes a model: config, standard safetensors, tokenizer."""
     from conftest import make_tiny_model
-    from sinklab.models.loading import save_standard
+    from sinklab.models.checkpoint import save_standard
 
     lm = make_tiny_model("llama", tie_word_embeddings=True)
     assert lm.lm_head.weight is lm.model.embed_tokens.weight  # really tied
@@ -99,7 +99,7 @@ def test_untied_checkpoint_keeps_both(tmp_path, tiny_tokenizer):
     from safetensors import safe_open
 
     from conftest import make_tiny_model
-    from sinklab.models.loading import save_standard
+    from sinklab.models.checkpoint import save_standard
 
     lm = make_tiny_model("llama")  # tie_word_embeddings False: two matrices
     save_standard(lm, tmp_path / "m.safetensors")
@@ -110,7 +110,7 @@ def test_untied_checkpoint_keeps_both(tmp_path, tiny_tokenizer):
 
 def test_tied_config_with_differing_tensors_is_refused(tmp_path):
     from conftest import make_tiny_model
-    from sinklab.models.loading import save_standard
+    from sinklab.models.checkpoint import save_standard
 
     lm = make_tiny_model("llama", tie_word_embeddings=True)
     lm.lm_head.weight = torch.nn.Parameter(lm.lm_head.weight.detach().clone() + 1)
@@ -129,7 +129,7 @@ def test_old_format_cache_is_rebuilt(tmp_path, tiny_tokenizer, monkeypatch):
     from safetensors.torch import save_model
 
     from sinklab.models import zoo
-    from sinklab.models.loading import cached_build, save_standard
+    from sinklab.models.checkpoint import cached_build, save_standard
 
     monkeypatch.setenv("SINKLAB_CACHE", str(tmp_path))
     model = zoo.SMOLLM2
@@ -168,7 +168,7 @@ def test_zoo_cache_holds_the_embedding(smollm2):
     """The real cached SmolLM2 (tied) is standard: vLLM and other loaders read its embedding."""
     from safetensors import safe_open
 
-    from sinklab.models.loading import smollm2_gguf_path
+    from sinklab.models.checkpoint import smollm2_gguf_path
     from sinklab.models.zoo import SMOLLM2, dequantized_dir, file_sha256
 
     cached = dequantized_dir(SMOLLM2, file_sha256(smollm2_gguf_path()))

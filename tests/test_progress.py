@@ -103,7 +103,8 @@ def test_report_stages_and_claims_speak_the_one_progress_protocol(tmp_path, tiny
     from sinklab.models.loading import load_model
     from sinklab.progress import counter
     from sinklab.report.build import build_report
-    from sinklab.report.stages import ReportConfig, Stage, StageOutput
+    from sinklab.report.config import ReportConfig
+    from sinklab.report.stages import Stage, StageOutput
 
     def run(ctx):
         for i in range(1, 5):

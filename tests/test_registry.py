@@ -53,7 +53,7 @@ def _sims(residual: float, attention_input: float) -> dict[str, float]:
 
 def test_site_tables_point_at_the_numbers():
     from sinklab.report.catalog_ablate import site_tables
-    from sinklab.report.stages import lookup
+    from sinklab.report.cells import lookup
 
     sites = ["residual", "attention_input", "key"]
     geo = {

@@ -10,6 +10,7 @@ import importlib.util
 import io
 import json
 import os
+import re
 import shutil
 import signal
 import struct
@@ -23,8 +24,8 @@ from pathlib import Path
 import pytest
 
 from helpers import assert_one_line_error, run_main
+from sinklab.report.cells import aggregate, lookup
 from sinklab.report.html import fmt
-from sinklab.report.stages import aggregate, lookup
 
 # the `sinklab` subcommand that reproduces each stage
 STAGE_COMMANDS = {
@@ -224,6 +225,40 @@ def test_numbers_on_the_page_match_results_json(quick_report: Path):
         assert len(page.cells) > 10
 
 
+VERDICT_QUOTE = re.compile(
+    r"`([a-z0-9-]+)` is (not supported|supported|inconclusive) by the claims rule"
+)
+OWN_VERDICT = re.compile(  # a verdict of an experiment's own ("the claim holds here", "X: holds")
+    r"(?:claim|it|:) (?:holds|does not hold)\b|\bholds (?:here|in trend)\b"
+    r"|\bthe claim (?:is )?(?:true|false)\b"
+)
+
+
+def test_no_sentence_states_a_verdict_the_claims_table_does_not(quick_report: Path):
+    """One verdict per claim on the page (issue 30 item 6): every finding, summary sentence and
+    the page's text quote a claim's verdict only as the claims table states it, and none decides
+    a claim by a rule of its own ("the claim holds here" from a point estimate)."""
+    import html
+
+    data = json.loads((quick_report / "results.json").read_text())
+    table = {r["id"]: r["verdict"] for r in data["stages"]["claims"]["json"]["claims"]}
+    findings = [
+        st["json"]["finding"]
+        for st in data["stages"].values()
+        if st["status"] == "ok" and isinstance(st["json"], dict) and st["json"].get("finding")
+    ]
+    page = html.unescape(re.sub(r"<[^>]+>", " ", (quick_report / "index.html").read_text()))
+    quoted: set[str] = set()
+    for text in [*findings, *data["summary"], page]:
+        for cid, verdict in VERDICT_QUOTE.findall(text):
+            assert table[cid] == verdict, (cid, verdict, table[cid])
+            quoted.add(cid)
+        own = OWN_VERDICT.search(text)
+        assert own is None, text[max(0, own.start() - 200) : own.end() + 40]
+    # the experiments that measure a claim's own effect quote it (the test can fail)
+    assert {"first-token-cosine", "sink-stops-mixing", "density-oversmooths"} <= quoted
+
+
 def _json_keys(data, keys):
     """Turn '3' into 3 only where the JSON has a list there (dict keys stay strings)."""
     out, node = [], data
@@ -289,7 +324,7 @@ def test_failing_stage_shows_error_and_others_remain(tiny_model_dir, tmp_path):
     from sinklab.figures import curves
     from sinklab.models.loading import load_model
     from sinklab.report import ReportConfig, Stage, StageOutput, build_report, select_stages
-    from sinklab.report.stages import Cell, FigureSpec, TableSpec
+    from sinklab.report.cells import Cell, FigureSpec, TableSpec
 
     def boom(ctx):
         raise RuntimeError("the stage broke on purpose")

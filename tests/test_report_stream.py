@@ -10,7 +10,7 @@ import pytest
 
 from archs import save_arch_model
 from helpers import run_main
-from sinklab.report.stages import ReportConfig
+from sinklab.report.config import ReportConfig
 from sinklab.stream.summary import COLLAPSE, block_size, dense_collapse
 
 TINY = ("stream_tokens=96", "window=16", "recompute_every=8")

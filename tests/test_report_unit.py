@@ -15,14 +15,10 @@ from sinklab.probe.summary import (
     sink_positions_sentence,
     sink_rate_sentence,
 )
+from sinklab.report.cells import aggregate
+from sinklab.report.config import ReportConfig
 from sinklab.report.html import fmt, render_page
-from sinklab.report.stages import (
-    ReportConfig,
-    StageOutput,
-    StageResult,
-    aggregate,
-    describe_error,
-)
+from sinklab.report.stages import StageOutput, StageResult, describe_error
 from sinklab.report.summary import headline
 from sinklab.stream.summary import stream_sentence
 
@@ -151,7 +147,7 @@ def test_page_escapes_text_and_has_no_external_reference():
 
 def test_generic_view_tables_and_curves_point_into_the_json(tmp_path):
     from sinklab.report.catalog_ablate import generic_view
-    from sinklab.report.stages import lookup
+    from sinklab.report.cells import lookup
 
     data = {
         "meta": {},

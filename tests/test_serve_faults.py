@@ -82,8 +82,9 @@ def test_broken_session_files_are_refused_one_by_one(loaded, tmp_path):
     store.save(session, session.state)
     good = json.loads((tmp_path / _file("dana")).read_text())
     tensors = tmp_path / good["tensors"]
-    (tmp_path / "junk.json").write_text("{ not json")
-    (tmp_path / "half.json").write_text((tmp_path / _file("dana")).read_text()[:100])
+    (tmp_path / _file("junk")).write_text("{ not json")
+    (tmp_path / _file("half")).write_text((tmp_path / _file("dana")).read_text()[:100])
+    (tmp_path / "junk.json").write_text("{ not json")  # not named as sinklab's: never opened
     cut = _file("cut", ".2.safetensors")
     shutil.copy(tensors, tmp_path / cut)
     with open(tmp_path / cut, "r+b") as f:
@@ -95,8 +96,9 @@ def test_broken_session_files_are_refused_one_by_one(loaded, tmp_path):
     logs: list[str] = []
     back = SessionStore(tmp_path, IDENTITY, logs.append).load_all(lambda: _chat(loaded))
     assert [s.id for s in back] == ["dana"]
-    refused = sorted(line.split()[2] for line in logs)
-    assert refused == sorted([_file("cut"), "half.json", "junk.json", _file("old")]), logs
+    refused = sorted(line.split()[2] for line in logs if line.startswith("session file"))
+    assert refused == sorted([_file("cut"), _file("half"), _file("junk"), _file("old")]), logs
+    assert sum("are not sinklab's (junk.json); not read, not touched" in x for x in logs) == 1
     assert any("sha256" in line for line in logs) and any("stale" in line for line in logs)
 
 
@@ -123,14 +125,14 @@ def _resaved(folder: Path, good: dict, sid: str, tensors: dict[str, torch.Tensor
 def test_a_fifo_and_deeply_nested_json_are_refused_one_line_each(loaded, tmp_path):
     _, session = _stored(loaded, 2)
     SessionStore(tmp_path, IDENTITY, print).save(session, session.state)
-    os.mkfifo(tmp_path / "pipe.json")
-    (tmp_path / "deep.json").write_text("[" * 100_000 + "]" * 100_000)
+    os.mkfifo(tmp_path / _file("pipe"))
+    (tmp_path / _file("deep")).write_text("[" * 100_000 + "]" * 100_000)
     logs: list[str] = []
     back = _load_within(SessionStore(tmp_path, IDENTITY, logs.append), loaded)
     assert [s.id for s in back] == ["dana"]
     by_file = {line.split()[2]: line for line in logs}
-    assert sorted(by_file) == ["deep.json", "pipe.json"] and len(logs) == 2, logs
-    assert "FIFO" in by_file["pipe.json"] and "deeper" in by_file["deep.json"]
+    assert sorted(by_file) == sorted([_file("deep"), _file("pipe")]) and len(logs) == 2, logs
+    assert "FIFO" in by_file[_file("pipe")] and "deeper" in by_file[_file("deep")]
     assert all("\n" not in line for line in logs)
 
 
@@ -148,8 +150,10 @@ def test_a_tensors_name_leaving_the_folder_is_refused(loaded, tmp_path):
     logs: list[str] = []
     back = SessionStore(folder, IDENTITY, logs.append).load_all(lambda: _chat(loaded))
     assert [s.id for s in back] == ["dana"]
-    assert len(logs) == 1 and logs[0].split()[2] == _file("evil"), logs
-    assert "does not match the file name" in logs[0]
+    refused = [line for line in logs if line.startswith("session file")]
+    assert len(refused) == 1 and refused[0].split()[2] == _file("evil"), logs
+    assert "does not match the file name" in refused[0]
+    assert any(f"({_file('evil', '.')}); not read" in line for line in logs)  # the folder
 
 
 def test_a_session_missing_a_layers_tensor_is_refused_at_start_up(loaded, tmp_path):
@@ -225,7 +229,7 @@ def test_kill9_mid_reply_restart_and_full_disk(chat_dir, loaded, tmp_path):
     (sessions / "evil.json").write_text("garbage")
     second = Served(*args)
     try:
-        assert "session file evil.json refused" in second.log
+        assert "are not sinklab's (evil.json); not read, not touched" in second.log
         with httpx.Client(timeout=60) as http:
             bob = http.get(second.base + "/sessions/bob").json()
             assert bob["turns"] == 2  # the cut turn was never applied

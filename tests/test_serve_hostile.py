@@ -202,7 +202,7 @@ def test_the_sessions_folder_is_sinklabs_own(chat_dir, tmp_path, capsys):
     (folder / "config.json").write_text('{"mine": true}')
     again = Served(*_args(chat_dir, folder, "--metrics-key", "watcher"))
     try:
-        assert "session file config.json refused" in again.log
+        assert "are not sinklab's (config.json, package.json); not read" in again.log
         with httpx.Client(timeout=60) as http:
             url = again.base + "/chat/completions"
             assert http.post(url, json=_body(str(chat_dir), "hi"), headers=_auth("key-b"))
@@ -286,4 +286,280 @@ def test_a_whole_reply_whose_client_left_is_not_committed(served):
         got = http.get(served.base + "/sessions/left", headers=a).json()["turns"]
         assert got == 1, served.log[-3000:]
     assert "client gone; the turn was not applied" in served.log
+    assert "Traceback" not in served.log
+
+
+def test_a_turn_answered_504_is_not_committed(chat_dir, tmp_path):
+    """--request-timeout 1 and a prompt read one token a step: the turn is answered 504 (JSON)
+    between prefill pieces, long before its prompt is read, and the session keeps its turns;
+    the next turn is answered."""
+    sessions = tmp_path / "sessions"
+    more = ("--request-timeout", "1", "--prefill-chunk", "1", "--max-tokens", "4")
+    server = Served(*_args(chat_dir, sessions, *more))
+    url, a = server.base + "/chat/completions", _auth("key-a")
+    try:
+        with httpx.Client(timeout=120) as http:
+            ok = http.post(url, json=_body(str(chat_dir), "hi", session_id="slow"), headers=a)
+            assert ok.status_code == 200, ok.text
+            long = " ".join(["to be or not to be that is the question"] * 800)
+            start = time.monotonic()
+            resp = http.post(url, json=_body(str(chat_dir), long, session_id="slow"), headers=a)
+            _refused(resp, 504, "--request-timeout")
+            assert time.monotonic() - start < 30
+            row = http.get(server.base + "/sessions/slow", headers=a).json()
+            assert row["turns"] == 1 and row["tokens_seen"] == ok.json()["session"]["tokens_seen"]
+            again = http.post(url, json=_body(str(chat_dir), "again", session_id="slow"), headers=a)
+            assert again.json()["session"]["turns"] == 2, again.text
+    finally:
+        server.stop()
+    assert "Traceback" not in server.log
+
+
+def _open_post(port: int, key: str, length: int, sent: bytes) -> socket.socket:
+    """A POST whose body is announced as ``length`` bytes and only ``sent`` of it arrives."""
+    s = socket.create_connection(("127.0.0.1", port), timeout=30)
+    s.sendall(
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer %s\r\n"
+        b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"
+        % (key.encode(), length, sent)
+    )
+    return s
+
+
+def _read_all(s: socket.socket) -> bytes:
+    out = b""
+    while chunk := s.recv(65536):
+        out += chunk
+    return out
+
+
+def test_one_key_cannot_hold_the_server_and_tenants_see_nothing_of_each_other(chat_dir, tmp_path):
+    """--max-requests-per-key 2: two trickled bodies of key a hold its two slots, so a third
+    request of a gets 429 (JSON, Retry-After) before its body is read, while key b is answered;
+    b naming a's session (GET, DELETE) gets the 404 it gets for an absent or malformed id, and
+    a's session and files stay; the trickled bodies get 408 after --header-timeout, which frees
+    a's slots, and /health, /metrics, GET /v1/models still answer a meanwhile.
+    --max-connections-per-client 4: a fifth connection gets 503 JSON; --idle-timeout 1: a
+    kept-alive connection is closed a second after its answer."""
+    sessions = tmp_path / "sessions"
+    more = ("--max-requests-per-key", "2", "--header-timeout", "3", "--idle-timeout", "1",
+            "--max-connections-per-client", "4")  # fmt: skip
+    server = Served(*_args(chat_dir, sessions, *more))
+    port = int(server.url.rsplit(":", 1)[1])
+    model, a, b = str(chat_dir), _auth("key-a"), _auth("key-b")
+    url = server.base + "/chat/completions"
+    fresh = httpx.Limits(max_keepalive_connections=0)  # a new connection each request
+    try:
+        with httpx.Client(timeout=60, limits=fresh) as http:
+            assert http.post(url, json=_body(model, "hi", session_id="keep"), headers=a).is_success
+            files = _snapshot(sessions)
+            held = [_open_post(port, "key-a", 400, b'{"model": ') for _ in range(2)]
+            time.sleep(0.5)  # both in flight, their bodies awaited
+            over = http.get(server.base + "/sessions", headers=a)
+            _refused(over, 429, "--max-requests-per-key 2")
+            assert over.json()["error"]["code"] == "too_many_requests"
+            assert over.headers["retry-after"] == "1"
+            monitor = (server.url + "/health", server.url + "/metrics", server.base + "/models")
+            for where in monitor:  # a monitor's probes are not counted against the key
+                assert http.get(where, headers=a).status_code == 200, where
+            assert http.get(server.base + "/sessions", headers=b).json()["data"] == []
+            assert http.post(url, json=_body(model, "mine"), headers=b).is_success
+            for method in ("GET", "DELETE"):
+                theirs = http.request(method, server.base + "/sessions/keep", headers=b)
+                for absent in ("nobody", "bad.id"):
+                    resp = http.request(method, server.base + f"/sessions/{absent}", headers=b)
+                    assert resp.status_code == theirs.status_code == 404
+                    assert resp.text.replace(absent, "keep") == theirs.text
+                    assert set(resp.headers) == set(theirs.headers)
+            for s in held:  # the trickled bodies: 408 after --header-timeout, then closed
+                with s:
+                    status, body = _json_of(_read_all(s))
+                    assert status == 408 and body["error"]["code"] == "request_timeout"
+            assert http.get(server.base + "/sessions/keep", headers=a).json()["turns"] == 1
+            assert {n: d for n, d in _snapshot(sessions).items() if n in files} == files
+        # connections per client address: four open, the fifth refused with 503 JSON
+        idle = [socket.create_connection(("127.0.0.1", port), timeout=30) for _ in range(4)]
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=30) as fifth:
+                status, body = _json_of(_read_all(fifth))
+            assert status == 503 and body["error"]["code"] == "too_many_connections"
+        finally:
+            for s in idle:
+                s.close()
+        time.sleep(0.5)
+        with socket.create_connection(("127.0.0.1", port), timeout=30) as s:
+            s.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+            start, out = time.monotonic(), b""
+            while chunk := s.recv(65536):
+                out += chunk
+            waited = time.monotonic() - start
+        assert b'"status":"ok"' in out.replace(b" ", b"") and 0.5 < waited < 3, (out, waited)
+    finally:
+        server.stop()
+    assert "Traceback" not in server.log and "Exception in ASGI" not in server.log
+
+
+def test_a_client_gone_mid_body_is_one_log_line(served):
+    """A client that announces a body, sends part of it and closes: one log line, no 500
+    counted, no traceback; the server answers the next request."""
+    port = int(served.url.rsplit(":", 1)[1])
+    before = served.log.count("client gone during POST /v1/chat/completions")
+    _open_post(port, "key-a", 4000, b'{"model": "m", "messages": [').close()
+    for _ in range(100):
+        if served.log.count("client gone during POST /v1/chat/completions") > before:
+            break
+        time.sleep(0.1)
+    assert served.log.count("client gone during POST /v1/chat/completions") == before + 1
+    assert "internal error" not in served.log and "Traceback" not in served.log
+    with httpx.Client(timeout=30) as http:
+        metrics = http.get(served.url + "/metrics", headers=_auth("key-a")).text
+        assert 'status="500"' not in metrics
+        assert http.get(served.url + "/health").json()["status"] == "ok"
+
+
+@pytest.mark.parametrize(
+    ("extra", "param", "needle"),
+    [
+        (b'"temperature": NaN', "temperature", "finite"),
+        (b'"top_p": Infinity', "top_p", "finite"),
+        (b'"presence_penalty": -Infinity', "presence_penalty", "finite"),
+        (b'"max_tokens": true', "max_tokens", "valid integer"),
+        (b'"max_tokens": "2"', "max_tokens", "valid integer"),
+        (b'"stream": 1', "stream", "valid boolean"),
+        (b'"logit_bias": {"\\u0663": 1}', "logit_bias", "not a token id"),
+        (b'"max_tokens": ' + b"9" * 5000, None, "not valid JSON"),
+    ],
+)
+def test_values_openai_refuses_are_refused_not_coerced(served, extra, param, needle):
+    """NaN and infinities, a bool or a string for a number, a non-ASCII digit as a token id, an
+    integer of 5,000 digits: each a 400 naming the field, never read as something else."""
+    body = b'{"model": "%s", "messages": [{"role": "user", "content": "x"}], %s}' % (
+        served.model.encode(),
+        extra,
+    )
+    url = served.base + "/chat/completions"
+    with httpx.Client(timeout=60) as http:
+        resp = http.post(url, content=body, headers=_auth("key-b"))
+    _refused(resp, 400, needle)
+    assert resp.json()["error"]["param"] == param
+    assert "Traceback" not in served.log
+
+
+def _stream_times(url: str, body: dict, key: str, out: list[float], stop) -> None:
+    """Stream ``body``, noting the arrival time of each chunk with text, until ``stop`` is set."""
+    with (
+        httpx.Client(timeout=120) as http,
+        http.stream("POST", url, json=body, headers=_auth(key)) as resp,
+    ):
+        for line in resp.iter_lines():
+            if line.startswith("data: {") and json.loads(line[6:])["choices"][0]["delta"].get(
+                "content"
+            ):
+                out.append(time.monotonic())
+            if stop.is_set():
+                return
+
+
+def test_a_long_prompt_does_not_stop_another_sessions_stream(chat_dir, chat_tokenizer, tmp_path):
+    """Over HTTP: while key a streams a reply, key b sends a prompt of some 1,000 tokens; with
+    --prefill-chunk 8 it is read a piece a step between a's tokens: a receives a token at least
+    every fifth piece, and its longest wait is a small part of b's whole read. (It fails when
+    the engine reads a whole prompt before the next decode step: a then waits for all of it.)"""
+    import threading
+
+    from test_chat import TURNS
+
+    more = ("--prefill-chunk", "8", "--max-tokens", "2000", "--max-batch", "4")
+    server = Served(*_args(chat_dir, tmp_path / "sessions", *more))
+    url, model = server.base + "/chat/completions", str(chat_dir)
+    no_end = {str(t): -100 for t in chat_tokenizer.all_special_ids}  # a runs to max_tokens
+    times: list[float] = []
+    stop = threading.Event()
+    talk = {**_body(model, TURNS[0], session_id="talk"), "max_tokens": 2000, "stream": True,
+            "temperature": 0, "logit_bias": no_end}  # fmt: skip
+    talker = threading.Thread(target=_stream_times, args=(url, talk, "key-a", times, stop))
+    try:
+        talker.start()
+        for _ in range(600):
+            if len(times) >= 5:
+                break
+            time.sleep(0.05)
+        assert len(times) >= 5, server.log[-2000:]
+        long_text = " ".join(TURNS * 20)
+        with httpx.Client(timeout=300) as http:
+            start = time.monotonic()
+            resp = http.post(url, json={**_body(model, long_text), "max_tokens": 1},
+                             headers=_auth("key-b"))  # fmt: skip
+            end = time.monotonic()
+        assert resp.status_code == 200, resp.text
+        read = resp.json()["usage"]["prompt_tokens"]
+        assert read > 700
+        during = [t for t in times if start < t < end]
+        gaps = [b - a for a, b in zip([start, *during], [*during, end], strict=True)]
+        stop.set()
+        talker.join(timeout=120)
+        assert len(during) >= read // 8 // 5, (len(during), read)
+        assert max(gaps) < (end - start) / 5, (max(gaps), end - start)
+    finally:
+        stop.set()
+        server.stop()
+    assert "Traceback" not in server.log
+
+
+@pytest.mark.parametrize(
+    ("route", "head", "extra", "param", "needle"),
+    [
+        ("completions", b'"prompt": "x"', b'"temperature": NaN', "temperature", "finite"),
+        ("completions", b'"prompt": "x"', b'"max_tokens": true', "max_tokens", "valid integer"),
+        ("completions", b'"prompt": "x"', b'"max_tokens": "2"', "max_tokens", "valid integer"),
+        ("completions", b'"prompt": "x"', b'"echo": "yes"', "echo", "valid boolean"),
+        ("completions", b'"prompt": "x"', b'"temperature": "0.5"', "temperature", "valid number"),
+        ("responses", b'"input": "x"', b'"top_p": Infinity', "top_p", "finite"),
+        (
+            "responses",
+            b'"input": "x"',
+            b'"max_output_tokens": true',
+            "max_output_tokens",
+            "valid integer",
+        ),
+        ("responses", b'"input": "x"', b'"temperature": "0.5"', "temperature", "valid number"),
+    ],
+)
+def test_the_other_routes_read_values_as_strictly_as_chat(
+    served, route, head, extra, param, needle
+):
+    """/v1/completions and /v1/responses read their values as the chat route does: a string or a
+    bool for a number, NaN or an infinity is a 400 naming the field, never coerced."""
+    body = b'{"model": "%s", %s, %s}' % (served.model.encode(), head, extra)
+    with httpx.Client(timeout=60) as http:
+        resp = http.post(f"{served.base}/{route}", content=body, headers=_auth("key-b"))
+    _refused(resp, 400, needle)
+    assert resp.json()["error"]["param"] == param
+
+
+def test_a_history_the_named_session_does_not_hold_is_refused_not_appended(served):
+    """With a session_id, a resent conversation must be the session's: an edited one (another
+    assistant reply) is refused (400 history_mismatch) and the session stays as it was; the
+    session's own conversation with a new message continues it, reading only the new text."""
+    url, model, a = served.base + "/chat/completions", served.model, _auth("key-a")
+    with httpx.Client(timeout=60) as http:
+        first = http.post(url, json=_body(model, "one", session_id="hist"), headers=a).json()
+        reply = first["choices"][0]["message"]["content"]
+        before = http.get(served.base + "/sessions/hist", headers=a).json()
+
+        def resend(said: str) -> httpx.Response:
+            history = [{"role": "user", "content": "one"}, {"role": "assistant", "content": said},
+                       {"role": "user", "content": "two"}]  # fmt: skip
+            body = {"model": model, "messages": history, "max_tokens": 3, "session_id": "hist"}
+            return http.post(url, json=body, headers=a)
+
+        edited = resend(reply + " (edited)")
+        _refused(edited, 400, "does not")
+        assert edited.json()["error"]["code"] == "history_mismatch"
+        assert http.get(served.base + "/sessions/hist", headers=a).json() == before
+        ok = resend(reply).json()
+        assert ok["session"]["turns"] == 2
+        assert ok["usage"]["prompt_tokens_details"]["cached_tokens"] == before["tokens_seen"]
+        held = http.get(served.base + "/sessions/hist", headers=a).json()["messages"]
+        assert [m["content"] for m in held if m["role"] == "user"] == ["one", "two"]
     assert "Traceback" not in served.log

@@ -238,8 +238,11 @@ def test_usage_counts_the_whole_prompt_and_the_cached_part(client, chat_dir):
     ("extra", "param", "needle"),
     [
         ({"n": 2}, "n", "only 1 choice"),
-        ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools", "tools"),
-        ({"tool_choice": "auto"}, "tool_choice", "tools"),
+        ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools",
+         "does not render tools"),
+        ({"tool_choice": "auto"}, "tool_choice", "needs tools"),
+        ({"tool_choice": "required", "tools": []}, "tool_choice", "constrained decoding"),
+        ({"functions": [{"name": "f"}]}, "functions", "deprecated"),
         ({"response_format": {"type": "json_object"}}, "response_format", "json_object"),
         ({"frobnicate": 1}, "frobnicate", "unsupported parameter"),
         ({"top_logprobs": 2}, "top_logprobs", "logprobs must be true"),
@@ -250,8 +253,12 @@ def test_usage_counts_the_whole_prompt_and_the_cached_part(client, chat_dir):
         ({"presence_penalty": 3}, "presence_penalty", "less than or equal to 2"),
         ({"seed": -1}, "seed", "0..2**64 - 1"),
         ({"reasoning_effort": "high"}, "reasoning_effort", "not supported"),
-        ({"messages": [{"role": "tool", "content": "x", "tool_call_id": "1"}]}, "messages.0.role",
-         "no tools"),
+        ({"messages": [{"role": "tool", "content": "x", "tool_call_id": "1"}]}, "messages.0",
+         "does not render tools"),
+        ({"messages": [{"role": "assistant", "content": None, "tool_calls": [{"id": "c", "type":
+          "function", "function": {"name": "f", "arguments": "{}"}}]},
+          {"role": "user", "content": "x"}]}, "messages.0", "does not render tools"),
+        ({"messages": [{"role": "tool", "content": "x"}]}, "messages.0", "tool_call_id"),
         ({"messages": [{"role": "user", "content": "x", "name": "bob"}]}, "messages.0.name",
          "names are not supported"),
     ],
@@ -303,8 +310,9 @@ def test_a_hostile_temperature_beside_a_stream_fails_alone(client, chat_dir, ser
 
 
 def test_model_route_and_the_routes_not_served(client, chat_dir, server):
-    """GET /v1/models/{id} answers the served model (404 for another);
-    /v1/embeddings answers a 404 that names the route to use; defaults that ask for nothing
+    """GET /v1/models/{id} answers the served model (404 for another); /v1/embeddings answers a
+    404 that names the route to use, /v1/responses (served) refuses a field it does not define
+    (legacy ``prompt``) with a 400 naming it; defaults that ask for nothing
     (parallel_tool_calls false, tool_choice none, store false) are accepted."""
     import httpx
 
@@ -312,10 +320,13 @@ def test_model_route_and_the_routes_not_served(client, chat_dir, server):
     with pytest.raises(openai.NotFoundError) as err:
         client.models.retrieve("gpt-4o")
     assert err.value.body["code"] == "model_not_found"
-    for route in ("/embeddings",):
-        resp = httpx.post(server.base + route, json={"model": "m", "prompt": "x"},
-                          headers={"Authorization": "Bearer key-a"}, timeout=30)  # fmt: skip
-        assert resp.status_code == 404 and "/v1/chat/completions" in resp.json()["error"]["message"]
+    key = {"Authorization": "Bearer key-a"}
+    resp = httpx.post(server.base + "/embeddings", json={"model": "m", "input": "x"},
+                      headers=key, timeout=30)  # fmt: skip
+    assert resp.status_code == 404 and "/v1/chat/completions" in resp.json()["error"]["message"]
+    resp = httpx.post(server.base + "/responses", json={"model": "m", "prompt": "x"},
+                      headers=key, timeout=30)  # fmt: skip
+    assert resp.status_code == 400 and resp.json()["error"]["param"] == "prompt", resp.text
     out = _ask(client, str(chat_dir), "hi", max_tokens=2, parallel_tool_calls=False,
                tool_choice="none", store=False)  # fmt: skip
     assert out.choices[0].finish_reason in ("stop", "length")

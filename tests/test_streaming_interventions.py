@@ -94,7 +94,12 @@ def test_interventions_that_need_text_order_are_refused(name, tiny_model_factory
         with pytest.raises(SinklabError, match=match):
             SinkCache(model, CacheConfig("sink", 2, 6))
         SinkCache(model, CacheConfig("dense", 2, 6))  # dense keeps text order: it runs
-    SinkCache(model, CacheConfig("sink", 2, 6))  # and nothing is left bound afterwards
+    cache = SinkCache(model, CacheConfig("sink", 2, 6))  # and nothing is left bound afterwards
+    model(ids[None, :8], cache=cache)
+    with enter(model), pytest.raises(SinklabError, match=match):  # bound after the cache was made
+        model(ids[None, 8:9], cache=cache)
+    model(ids[None, 8:9], cache=cache)  # unbound again: the stream goes on
+    assert cache.stream_length() == 9
 
 
 def test_smollm2_mix_is_honoured_by_default(smollm2):

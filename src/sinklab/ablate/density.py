@@ -12,12 +12,14 @@ state. The finding applies the rule of docs/experiments.md to the entries after 
 from __future__ import annotations
 
 import itertools
+import math
 from typing import Any
 
 from torch import Tensor, nn
 
 from sinklab.ablate.core import AblationConfig
 from sinklab.ablate.perplexity import perplexity
+from sinklab.claims.quote import claim_block, claim_sentence
 from sinklab.models.arch import model_shape
 from sinklab.probe.geometry import capture_geometry, middle_third
 from sinklab.probe.metrics import nan_mean
@@ -35,6 +37,8 @@ TOLERANCE = 0.01  # cosine: smaller changes (and steps against the trend) count 
 CLAIM_DENSITY = (
     "Súkeník et al., 'Sink vs. diagonal patterns' (denser attention raises token similarity)"
 )
+CLAIM_ID_DENSITY = "density-oversmooths"  # the claims row the finding quotes
+CLAIM_LAM = 0.5  # the mix the claims rule reads (docs/claims.md; ClaimsConfig.density_lam)
 CONFOUND = (
     "confound: at small lam every token attends only to itself, i.e. behaves as a first token, "
     "and first tokens carry the model's massive activations; use --protocol mix or temperature "
@@ -75,15 +79,54 @@ def after_entries(group: list[int], n_layers: int) -> list[int | str]:
 
 
 def density_verdict(values: list[float], tolerance: float = TOLERANCE) -> tuple[str, float]:
-    """The rule of docs/experiments.md on ``values`` ordered from sparsest to densest attention:
-    (``holds`` | ``holds in trend`` | ``no change`` | ``does not hold``, densest - sparsest)."""
+    """The curve rule of docs/experiments.md on ``values`` ordered from sparsest to densest
+    attention: (``rises`` | ``rises in trend`` | ``no change`` | ``falls``, densest - sparsest).
+    A description of the curve, not a verdict on the claim (the claims rule gives that)."""
     delta = values[-1] - values[0]
     steps = [b - a for a, b in itertools.pairwise(values)]
     if abs(delta) <= tolerance:
         return "no change", delta
     if delta < 0:
-        return "does not hold", delta
-    return ("holds" if all(s >= -tolerance for s in steps) else "holds in trend"), delta
+        return "falls", delta
+    return ("rises" if all(s >= -tolerance for s in steps) else "rises in trend"), delta
+
+
+def _one_text(
+    model: nn.Module,
+    row: Tensor,
+    config: AblationConfig,
+    handler: Any,
+    group: list[int],
+) -> dict[str, Any]:
+    """One condition on one text (one forward): perplexity and token similarity per site."""
+    handlers = [] if handler is None else [handler]
+    with intervene(model, *handlers), capture_geometry(model, DENSITY_SITES) as geo:
+        ppl = perplexity(model, row, config.first_target)
+    sim = {s: geo.series("token_similarity", s, final=True) for s in DENSITY_SITES}
+    return {"ppl": ppl, "sim": sim, "after": {s: after_group(sim[s], group) for s in DENSITY_SITES}}
+
+
+def _mean_series(series: list[list[float | None]]) -> list[float | None]:
+    """Entry-wise mean over texts (None where any text has None)."""
+    return [None if None in col else nan_mean(list(col)) for col in zip(*series, strict=True)]
+
+
+def density_claim(
+    per_text: dict[str, list[dict[str, Any]]], config: AblationConfig
+) -> dict[str, Any] | None:
+    """``density-oversmooths`` by the claims rule on this run's texts: per text, ``S(lam =
+    CLAIM_LAM) - S(unmodified)`` at the attention input (what ``sinklab claims`` measures);
+    None when the run has no such condition (protocol not ``mix``, or ``CLAIM_LAM`` not in
+    ``lams``)."""
+    name = f"lam={CLAIM_LAM:g}"
+    if config.protocol != "mix" or name not in per_text:
+        return None
+    site = "attention_input"
+    effects = []
+    for mixed, base in zip(per_text[name], per_text["unmodified"], strict=True):
+        d = mixed["after"][site] - base["after"][site]
+        effects.append(d if math.isfinite(d) else None)
+    return claim_block(CLAIM_ID_DENSITY, effects, config.seed)
 
 
 def density_experiment(
@@ -93,24 +136,29 @@ def density_experiment(
     config: AblationConfig,
     progress: Progress = quiet,
 ) -> tuple[dict[str, dict[str, Any]], dict[str, Any], str]:
+    """Every condition on every text (row of ``ids``); ``conditions`` hold the means over texts
+    (perplexity: ``exp`` of the mean NLL) and the finding quotes ``density-oversmooths`` by the
+    claims rule over the texts (:func:`density_claim`)."""
     n_layers, _ = model_shape(model)
     group = density_layers(config, n_layers)
     heads = frozenset(config.heads) if config.heads else None
     param, values = _plan(config)
     plan: list[float | None] = [None, *values]
     conditions: dict[str, dict[str, Any]] = {}
+    per_text: dict[str, list[dict[str, Any]]] = {}
     layers = frozenset(group)
     for n, value in enumerate(plan):
-        handlers = [] if value is None else [_handler(config.protocol, value, layers, heads)]
-        with intervene(model, *handlers), capture_geometry(model, DENSITY_SITES) as geo:
-            ppl = perplexity(model, ids, config.first_target)
-        sim = {s: geo.series("token_similarity", s, final=True) for s in DENSITY_SITES}
+        handler = None if value is None else _handler(config.protocol, value, layers, heads)
         name = "unmodified" if value is None else f"{param}={value:g}"
+        per_text[name] = [_one_text(model, row, config, handler, group) for row in ids]
+        rows = per_text[name]
+        nll = nan_mean([r["ppl"].nll for r in rows])
+        sim = {s: _mean_series([r["sim"][s] for r in rows]) for s in DENSITY_SITES}
         conditions[name] = {
             param: value,
-            "ppl": ppl.perplexity,
-            "nll": ppl.nll,
-            "n_targets": ppl.n_targets,
+            "ppl": math.exp(nll),
+            "nll": nll,
+            "n_targets": sum(r["ppl"].n_targets for r in rows),
             "token_similarity": sim,
             "after_group_similarity": {s: after_group(sim[s], group) for s in DENSITY_SITES},
         }
@@ -119,7 +167,14 @@ def density_experiment(
         s: [conditions[f"{param}={v:g}"]["after_group_similarity"][s] for v in values]
         for s in DENSITY_SITES
     }
+    claim = density_claim(per_text, config)
     finding = _finding(config.protocol, param, values, curves, conditions, group, n_layers)
+    finding = f"{CLAIM_DENSITY}: " + (
+        f"{claim_sentence(claim)}; {finding}"
+        if claim is not None
+        else f"{finding} (the claims rule judges `{CLAIM_ID_DENSITY}` with --protocol mix at "
+        f"lam {CLAIM_LAM:g}, not run here)"
+    )
     extra = {
         "protocol": config.protocol,
         "parameter": param,
@@ -127,7 +182,9 @@ def density_experiment(
         "modified_layers": group,
         "after_layers": after_entries(group, n_layers),
         "sites": list(DENSITY_SITES),
-        "verdicts": {s: density_verdict(curves[s])[0] for s in DENSITY_SITES},
+        "curve_shapes": {s: density_verdict(curves[s])[0] for s in DENSITY_SITES},
+        "claim": claim,
+        "texts": int(ids.shape[0]),
     }
     return conditions, extra, finding
 
@@ -159,7 +216,7 @@ def _finding(
         "replace": "replacing the attention by identity/uniform mixtures",
     }[protocol]
     text = (
-        f"{CLAIM_DENSITY}: {how} in layers {group[0]}..{group[-1]} from {param}={values[0]:g} "
+        f"{how} in layers {group[0]}..{group[-1]} from {param}={values[0]:g} "
         f"(sparsest) to {param}={values[-1]:g} (densest), mean token similarity over {after} "
         + "; ".join(parts)
         + f"; perplexity {lo:.1f} -> {hi:.1f}"

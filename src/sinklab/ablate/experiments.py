@@ -15,8 +15,8 @@ from torch import Tensor, nn
 from sinklab.ablate.core import AblationConfig, thirds
 from sinklab.ablate.first_token import first_token
 from sinklab.ablate.perplexity import perplexity
-from sinklab.claims.effects import first_token_cosine_effect
-from sinklab.claims.registry import judge
+from sinklab.claims.effects import first_token_cosine_effect, sensitivity_effect
+from sinklab.claims.quote import claim_block, claim_sentence
 from sinklab.errors import SinklabError
 from sinklab.models.arch import model_shape
 from sinklab.probe import ProbeConfig, ProbeResult, probe
@@ -34,6 +34,7 @@ CLAIM_BOS = (
     "token costs quality)"
 )
 CLAIM_MIXING = "Barbero et al. 2025 (sinks stop over-mixing)"
+CLAIM_ID_MIXING = "sink-stops-mixing"  # the claims row the sensitivity finding quotes
 CLAIM_ID_GEOMETRY = "first-token-cosine"  # the claims row the geometry finding quotes
 CLAIM_GEOMETRY = (
     "Súkeník et al., 'Sink vs. diagonal patterns' (the first token's cosine with the others is "
@@ -105,7 +106,8 @@ def first_token_experiment(
     )
     finding = (
         f"{CLAIM_BOS}: with the first token kept perplexity is {base['perplexity']:.2f} and {key} "
-        f"{base[key]:.2f}; " + "; ".join(parts) + f"; {verdict}"
+        f"{base[key]:.2f}; " + "; ".join(parts) + f"; {verdict} (the claims rule judges "
+        "`bos-reliance` on lab runs trained with and without BOS, docs/claims.md)"
     )
     return conditions, {"skipped": skipped, "layers": model_shape(model)[0]}, finding
 
@@ -152,7 +154,8 @@ def mask_sink_experiment(
         f"{CLAIM_MIXING}: masking the sink (positions {sorted(pos)}) in all layers {direction} "
         f"perplexity from {never['perplexity']:.2f} to {full['perplexity']:.2f} ({parts}) and "
         f"{sim} mean token similarity (decoder block outputs) from "
-        f"{never['mean_token_similarity']:.3f} to {full['mean_token_similarity']:.3f}"
+        f"{never['mean_token_similarity']:.3f} to {full['mean_token_similarity']:.3f} (the "
+        f"claims rule judges `{CLAIM_ID_MIXING}` on the Jacobian: the sensitivity experiment)"
     )
     return conditions, {"positions": sorted(pos)}, finding
 
@@ -173,6 +176,21 @@ def by_distance(s: Tensor, t: list[int], i: list[int]) -> dict[str, float]:
     return {str(d): sum(v) / len(v) for d, v in sorted(out.items())}
 
 
+def _sensitivity_numbers(s: Tensor, pos: list[int], sinks: tuple[int, ...]) -> dict[str, Any]:
+    """One condition's numbers from its grid matrix ``s`` (len(pos), len(pos)): the mean over
+    ``t > i``, ``i`` not a sink (the claim's ``S``), the diagonal, the column of the sink, and
+    the mean by distance."""
+    off = [(a, b) for a, ta in enumerate(pos) for b, ib in enumerate(pos) if ta > ib]
+    return {
+        "mean_sensitivity": mean([float(s[a, b]) for a, b in off if pos[b] not in sinks]),
+        "mean_self_sensitivity": mean(torch.diagonal(s)),
+        "mean_sensitivity_to_sink": mean(
+            [float(s[a, pos.index(p)]) for p in sinks if p in pos for a in range(1, len(pos))]
+        ),
+        "by_distance": by_distance(s, pos, pos),
+    }
+
+
 def sensitivity_experiment(
     model: nn.Module,
     tokenizer: Any,
@@ -180,63 +198,73 @@ def sensitivity_experiment(
     config: AblationConfig,
     progress: Progress = quiet,
 ) -> Out:
+    """Per text (row of ``ids``), the grid of Jacobian norms with and without the sink masked;
+    the claim's effect per text is ``log(S_masked / S)``
+    (:func:`~sinklab.claims.effects.sensitivity_effect`) and the finding quotes the verdict of
+    ``sink-stops-mixing`` by the claims rule over the texts (one text: inconclusive, too few
+    samples), never a verdict of its own. ``conditions`` hold the means over texts."""
     pos = grid_positions(int(ids.shape[-1]), config.grid)
     probes = config.probes or None
     heads = frozenset(config.heads) if config.heads else None
     layers = frozenset(config.layers) if config.layers else None
     plan = {"sink": (), "sink masked": (MaskSink(layers, heads, frozenset(config.positions)),)}
-    conditions: dict[str, dict[str, Any]] = {}
-    mats: dict[str, list] = {}
-    for n, (name, handlers) in enumerate(plan.items()):
-
-        def inner(done: float, total: float, note: str, n: int = n, name: str = name) -> None:
-            progress(n * total + done, 2 * total, f"{name}: {note}")
-
+    for handlers in plan.values():
         for h in handlers:
             h.check(model)
-        s = jacobian_sensitivity(
-            model,
-            ids,
-            pos,
-            pos,
-            handlers=handlers,
-            probes=probes,
-            seed=config.seed,
-            progress=inner,
-            batch=8 if probes else 64,
+    n_rows, steps = int(ids.shape[0]), len(plan) * int(ids.shape[0])
+    per_text: list[dict[str, Any]] = []
+    mats: dict[str, list[Tensor]] = {name: [] for name in plan}
+    for row in range(n_rows):
+        numbers: dict[str, dict[str, Any]] = {}
+        for n, (name, handlers) in enumerate(plan.items()):
+            k = row * len(plan) + n
+
+            where = f"text {row}, {name}" if n_rows > 1 else name
+
+            def inner(done: float, total: float, note: str, k: int = k, where: str = where) -> None:
+                progress(k * total + done, steps * total, f"{where}: {note}")
+
+            s = jacobian_sensitivity(
+                model,
+                ids[row : row + 1],
+                pos,
+                pos,
+                handlers=handlers,
+                probes=probes,
+                seed=config.seed,
+                progress=inner,
+                batch=8 if probes else 64,
+            )
+            numbers[name] = _sensitivity_numbers(s, pos, config.positions)
+            mats[name].append(s)
+        a, b = numbers["sink"]["mean_sensitivity"], numbers["sink masked"]["mean_sensitivity"]
+        per_text.append(
+            {"text": row, "sensitivity": a, "masked": b, "effect": sensitivity_effect(a, b)}
         )
-        off = [
-            (a, b)
-            for a, ta in enumerate(pos)
-            for b, ib in enumerate(pos)
-            if ta > ib and ib not in config.positions
-        ]
-        conditions[name] = {
-            "mean_sensitivity": mean([float(s[a, b]) for a, b in off]),
-            "mean_self_sensitivity": mean(torch.diagonal(s)),
-            "mean_sensitivity_to_sink": mean(
-                [
-                    float(s[a, pos.index(p)])
-                    for p in config.positions
-                    if p in pos
-                    for a in range(1, len(pos))
-                ]
-            ),
-            "by_distance": by_distance(s, pos, pos),
-        }
-        mats[name] = s.tolist()
+    mean_mats = {name: torch.stack(m).mean(0) for name, m in mats.items()}
+    conditions = {
+        name: _sensitivity_numbers(s, pos, config.positions) for name, s in mean_mats.items()
+    }
+    claim = claim_block(CLAIM_ID_MIXING, [t["effect"] for t in per_text], config.seed)
     a, b = conditions["sink"]["mean_sensitivity"], conditions["sink masked"]["mean_sensitivity"]
-    verdict = (
-        "the sink damps sensitivity: the claim holds here"
-        if b > a
-        else "the sink does not damp sensitivity: the claim does not hold here"
-    )
     how = "exact Frobenius norms" if probes is None else f"Hutchinson estimate, {probes} probes"
-    finding = (
-        f"{CLAIM_MIXING}: masking the sink changes the mean ||d h_L[t]/d x_i|| over t > i >= 1 "
-        f"from {a:.4g} to {b:.4g} (x{b / a:.2f}, {how}): {verdict}"
+    ratios = ", ".join(
+        f"x{t['masked'] / t['sensitivity']:.2f}" if t["effect"] is not None else "n/a"
+        for t in per_text
     )
-    extra = {"positions": pos, "norm": "frobenius", "method": how, "matrices": mats}
+    finding = (
+        f"{CLAIM_MIXING}: {claim_sentence(claim)}; masking the sink changes the mean "
+        f"||d h_L[t]/d x_i|| over t > i >= 1 from {a:.4g} to {b:.4g} (mean over {n_rows} "
+        f"text{'s' * (n_rows > 1)}, {how}; per text {ratios})"
+    )
+    extra = {
+        "positions": pos,
+        "norm": "frobenius",
+        "method": how,
+        "texts": per_text,
+        "claim": claim,
+        "matrices": {name: s.tolist() for name, s in mean_mats.items()},
+    }
     return conditions, extra, finding
 
 
@@ -259,15 +287,7 @@ def geometry_claim(cos: Tensor, seed: int = 0) -> dict[str, Any]:
     the middle layers), their bootstrap interval and the verdict of ``first-token-cosine``:
     what ``sinklab claims`` computes from the same numbers."""
     effects = [first_token_cosine_effect(row) for row in cos.tolist()]
-    interval, v = judge(CLAIM_ID_GEOMETRY, effects, seed=seed)
-    return {
-        "id": CLAIM_ID_GEOMETRY,
-        "effects": effects,
-        "effect": None if interval is None else interval.mean,
-        "interval": None if interval is None else [interval.low, interval.high],
-        "verdict": v.verdict,
-        "reason": v.reason,
-    }
+    return claim_block(CLAIM_ID_GEOMETRY, effects, seed)
 
 
 def _positive_layers(cos: Tensor, middle: list[int]) -> str:
@@ -319,14 +339,10 @@ def geometry_experiment(
     kinds = [k for c in conditions.values() for layer in c["head_kind"] for k in layer]
     counts = {k: kinds.count(k) for k in sorted(set(kinds))}
     claim = geometry_claim(cos, config.seed)
-    mean_of = f"mean {claim['effect']:.3f} " if claim["effect"] is not None else ""
-    reason = claim["reason"]
-    reason = f"95 % {reason}" if reason.startswith("interval") else reason
     finding = (
-        f"{CLAIM_GEOMETRY}: {claim['verdict']} by the claims rule (docs/claims.md: the mean over "
-        f"the middle layers {middle[0]}..{middle[-1]} of the first-token cosine at the attention "
-        f"input, each layer's input after its own input norm; {mean_of}over {len(ids)} texts, "
-        f"{reason}); per "
+        f"{CLAIM_GEOMETRY}: {claim_sentence(claim)}, the effect per text the mean over the "
+        f"middle layers {middle[0]}..{middle[-1]} of the first-token cosine at the attention "
+        f"input (each layer's input after its own input norm); per "
         f"layer, {_positive_layers(cos, middle)}, cells range {float(mid.min()):.3f}.."
         f"{float(mid.max()):.3f}; the same layers at the other sites: "
         + (", ".join(others) or "none measured")

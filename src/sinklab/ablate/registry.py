@@ -100,8 +100,9 @@ RECORDS: tuple[Experiment, ...] = (
         "plot_density",
         "Token similarity after the modified layers against the density parameter, at the "
         "attention input and the residual stream; perplexity; per-layer similarity per condition.",
-        "token similarity after layers whose attention is made denser (--protocol)",
-        options=("protocol", "lams", "temperatures", "layers", "heads"),
+        "token similarity after layers whose attention is made denser (--protocol), over texts",
+        texts=True,
+        options=("protocol", "lams", "temperatures", "layers", "heads", "texts"),
     ),
     Experiment(
         "sensitivity",
@@ -111,9 +112,11 @@ RECORDS: tuple[Experiment, ...] = (
         ("sink-stops-mixing",),
         experiments.sensitivity_experiment,
         "plot_sensitivity",
-        "Jacobian norm matrices with and without the sink, and the mean by distance t - i.",
-        "Jacobian norms with and without the sink masked",
-        options=("grid", "probes", "positions", "layers", "heads"),
+        "Jacobian norm matrices with and without the sink (mean over texts), and the mean by "
+        "distance t - i.",
+        "Jacobian norms with and without the sink masked, over several texts",
+        texts=True,
+        options=("grid", "probes", "positions", "layers", "heads", "texts"),
     ),
     Experiment(
         "geometry",

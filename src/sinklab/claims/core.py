@@ -74,7 +74,7 @@ class ClaimsConfig:
     window: int = 60
     sensitivity_tokens: int = 128
     grid: int = 4
-    probes: int = 4
+    probes: int = 8  # sensitivity: Hutchinson probes per query (0: exact Frobenius norms)
     density_lam: float = 0.5
     cost_lengths: tuple[int, ...] = (16, 32, 64)
     cost_seeds: int = 3
@@ -95,9 +95,11 @@ class ClaimsConfig:
                     f"unknown claim(s) {', '.join(bad) or '(none)'}; choose from: "
                     f"{', '.join(CLAIM_IDS)}"
                 )
-        for name in ("windows", "grid", "probes", "cost_seeds", "cost_steps"):
+        for name in ("windows", "grid", "cost_seeds", "cost_steps"):
             if getattr(self, name) < 1:
                 raise SinklabError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.probes < 0:
+            raise SinklabError(f"probes must be >= 0 (0: exact norms), got {self.probes}")
         for name in ("probe_tokens", "stream_tokens", "sensitivity_tokens"):
             if getattr(self, name) < 8:
                 raise SinklabError(f"{name} must be >= 8, got {getattr(self, name)}")

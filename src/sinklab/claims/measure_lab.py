@@ -21,6 +21,8 @@ from sinklab.claims.measure_model import Measurement
 from sinklab.claims.validity import FIDELITY, RunCheck
 from sinklab.errors import SinklabError
 from sinklab.lab.convergence import (
+    BAND,
+    MIN_TAIL,
     convergence,
     number,
     sink_emerged,
@@ -141,8 +143,20 @@ class LabRun:
         criterion = "no first-token sink in the variant (r < 3)"
         if m is None or u is None:
             return RunCheck(self.label, False, criterion, "no first-token mass measured")
-        why = "" if not e.met else f"still carries a first-token sink ({e.detail})"
-        return RunCheck(self.label, not e.met, criterion, why)
+        if not e.met:
+            return RunCheck(self.label, True, criterion)
+        tail = self.tail(lambda c: number(c.get("backcopy") or {}, "first_token_mass_nontrigger"))
+        if len(tail) >= MIN_TAIL and max(tail.values()) - min(tail.values()) <= BAND:
+            # not a sink on its way out: flat over the tail, the variant kept it (issue 30: the
+            # same at twice the steps); a finding about the claim, stated as one
+            lo, hi, first, end = min(tail.values()), max(tail.values()), min(tail), max(tail)
+            why = (
+                f"settled with a first-token sink ({e.detail}; m {lo:.3g}..{hi:.3g} over steps "
+                f"{first}-{end}): the variant made the sink unneeded, not absent, on this seed"
+            )
+        else:
+            why = f"still carries a first-token sink ({e.detail}), not settled"
+        return RunCheck(self.label, False, criterion, why)
 
     def tail(self, read: Callable[[dict[str, Any]], float | None]) -> dict[int, float]:
         """``{step: read(checkpoint)}`` over the last 20 % of training (where it can be read)."""

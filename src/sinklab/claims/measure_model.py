@@ -151,7 +151,8 @@ def measure_stream(
 def measure_sensitivity(
     model: nn.Module, tokenizer: Any, samples: Sequence[Sample], cfg: Any, tick: Tick
 ) -> dict[str, Measurement]:
-    """sink-stops-mixing: ``sinklab ablate -e sensitivity`` per sample, log of the ratio."""
+    """sink-stops-mixing: ``sinklab ablate -e sensitivity`` per sample, its effect
+    ``log(S_masked / S)`` (:func:`~sinklab.claims.effects.sensitivity_effect`)."""
     from sinklab.ablate import AblationConfig, run_experiment
 
     acfg = AblationConfig(grid=cfg.grid, probes=cfg.probes, positions=(0,), seed=cfg.seed)
@@ -166,10 +167,15 @@ def measure_sensitivity(
     for name, ids in samples:
         ids = ids[: cfg.sensitivity_tokens]
         res = run_experiment("sensitivity", model, tokenizer, ids, acfg)
-        a = float(res.conditions["sink"]["mean_sensitivity"])
-        b = float(res.conditions["sink masked"]["mean_sensitivity"])
-        effect = math.log(b / a) if a > 0 and b > 0 else None
-        m.samples.append({"sample": name, "effect": effect, "sensitivity": a, "masked": b})
+        (one,) = res.extra["texts"]  # the experiment's own effect (claims.effects) on this text
+        m.samples.append(
+            {
+                "sample": name,
+                "effect": one["effect"],
+                "sensitivity": one["sensitivity"],
+                "masked": one["masked"],
+            }
+        )
         tick("sensitivity")
     return {"sink-stops-mixing": m}
 

@@ -66,9 +66,10 @@ FIDELITY: dict[str, Fidelity] = {
     ),
     "sinks-grow-depth": Fidelity(
         "none",
-        "backcopy needs one switching head at any depth, and over-mixing (the paper's reason) "
-        "needs deep models on long natural text, beyond a CPU budget; no CPU-scale set-up here "
-        "tests it (benchmarks/lab_gpu.py is the GPU set-up)",
+        "backcopy needs one switching head at any depth (1-, 2- and 4-layer models grow exactly "
+        "one sink head, in layer 0), and over-mixing (the paper's reason) needs deep models on "
+        "long natural text, beyond a CPU budget; `python benchmarks/lab_gpu.py --depths 2,4,8` "
+        "(text, one GPU) is the run that decides it",
     ),
 }
 

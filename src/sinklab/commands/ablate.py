@@ -121,7 +121,9 @@ def ablate(
         int,
         typer.Option(help="sensitivity: Hutchinson probes per query, 0..256; 0 = exact (slow)."),
     ] = 8,
-    texts: Annotated[int, typer.Option(help="geometry: number of texts, 1..64.")] = 4,
+    texts: Annotated[
+        int, typer.Option(help="geometry, density, sensitivity: number of texts, 1..64.")
+    ] = 4,
     q0: Annotated[int, typer.Option(help="First query counted in sink mass.")] = 0,
     eps: Annotated[
         str | None,

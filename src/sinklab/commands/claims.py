@@ -92,6 +92,13 @@ def claims(
             help=f"Sensitivity: grid x grid (t, i) positions (1..{MAX_CLAIMS_SIZES['grid']})."
         ),
     ] = 4,
+    probes: Annotated[
+        int,
+        typer.Option(
+            help=f"Sensitivity: Hutchinson probes per query, 0..{MAX_CLAIMS_SIZES['probes']} "
+            "(0 = exact Frobenius norms, slow)."
+        ),
+    ] = 8,
     q0: Annotated[int, typer.Option(help="First query counted in sink mass.")] = 16,
     eps: Annotated[
         float, typer.Option(help="Sink-head threshold: a head is a sink head above it.")
@@ -147,6 +154,7 @@ def claims(
         window=window,
         n_sink=n_sink,
         grid=grid,
+        probes=probes,
         q0=q0,
         eps=eps,
         sensitivity_tokens=sensitivity_tokens,

@@ -78,7 +78,8 @@ def report(
     """
     from sinklab.claims.across import model_names
     from sinklab.report import ReportConfig, build_report, check_out_dir, select_stages
-    from sinklab.report.stages import StageResult, parse_overrides
+    from sinklab.report.config import parse_overrides
+    from sinklab.report.stages import StageResult
 
     chosen = select_stages(
         split_list(stages, "--stages", "probe,stream") if stages is not None else None

@@ -52,7 +52,11 @@ def serve(
         int, typer.Option("--max-sessions-per-key", help="Most sessions one key holds.")
     ] = 64,
     max_requests_per_key: Annotated[
-        int, typer.Option("--max-requests-per-key", help="Most turns of one key in flight.")
+        int,
+        typer.Option(
+            "--max-requests-per-key",
+            help="Most requests of one key in flight at once (any route; 429 beyond).",
+        ),
     ] = 16,
     max_saved_sessions: Annotated[
         int,

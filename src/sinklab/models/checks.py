@@ -15,6 +15,7 @@ with internal errors. :func:`check_model_folder` refuses all of these in one lin
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 from typing import Any
@@ -180,4 +181,120 @@ def check_model_folder(folder: Path) -> None:
             str(config),
             nested=fields is not raw,
             projected=any(k in fields for k in ("word_embed_proj_dim", "embedding_size")),
+        )
+
+
+def check_causal_lm(config: Any, spec: str, embedded: bool = False) -> None:
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    archs = getattr(config, "architectures", None) or []
+    auto_map = getattr(config, "auto_map", None) or {}
+    if isinstance(auto_map, dict) and "AutoModelForCausalLM" in auto_map:
+        return  # the model's own code (allowed by --trust-remote-code) declares a causal-LM class
+    if config.model_type not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
+        raise SinklabError(
+            f"model {spec!r} is a {config.model_type!r} model, not a causal language model; "
+            "pass a decoder-only LM (e.g. Llama, Mistral, Qwen2, GPT-2)"
+        )
+    if not archs and not embedded:  # the embedded GGUF's config names none: we know what it is
+        raise SinklabError(
+            f"the config of {spec!r} names no architecture, so nothing says its weights are a "
+            'causal-LM head; add e.g. "architectures": ["LlamaForCausalLM"] to config.json'
+        )
+    causal = any(a.endswith(("ForCausalLM", "LMHeadModel")) for a in archs)
+    if archs and not causal:
+        raise SinklabError(
+            f"model {spec!r} is a {'/'.join(archs)} (bidirectional or not a language-model head), "
+            "not a causal language model; pass a decoder-only LM"
+        )
+
+
+def check_sinklab_types(folder: str) -> None:
+    """A folder of one of sinklab's own model types (``sinklab-*``: the lab's tiny decoders)
+    loads once that type is registered with transformers' Auto classes, which the lab does when
+    asked (:func:`sinklab.lab.register`; the CLI asks). The core never imports the lab."""
+    from transformers import CONFIG_MAPPING
+
+    config = Path(folder).expanduser() / "config.json"
+    try:
+        model_type = read_json(config, "model config", "model config").get("model_type", "")
+    except (SinklabError, AttributeError):
+        return  # not a readable local config: AutoConfig reports it below
+    if str(model_type).startswith("sinklab-") and model_type not in CONFIG_MAPPING:
+        raise SinklabError(
+            f"{folder} holds a sinklab lab model ({model_type}) whose type is not registered: "
+            "call sinklab.lab.register() before loading it (the sinklab command line does)"
+        )
+
+
+_PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
+
+
+def _check_safetensors(path: Path) -> None:
+    """A safetensors file whose header parses and whose tensors fit in the file, or a one-line
+    SinklabError (truncated or garbage weights fail here, not deep inside the loader)."""
+    size = path.stat().st_size
+    bad = f"weights file {str(path)!r} is not a valid safetensors file"
+    try:
+        with open(path, "rb") as f:
+            head = f.read(8)
+            n = int.from_bytes(head, "little") if len(head) == 8 else -1
+            if n < 2 or n > size - 8:
+                raise SinklabError(f"{bad} (truncated or garbage: header of {n} bytes)")
+            header = json.loads(f.read(n))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
+        raise SinklabError(f"{bad} ({type(exc).__name__})") from None
+    if not isinstance(header, dict):
+        raise SinklabError(f"{bad} (its header is not a table of tensors)")
+    ends = [
+        v["data_offsets"][1]
+        for k, v in header.items()
+        if k != "__metadata__" and isinstance(v, dict) and len(v.get("data_offsets", ())) == 2
+    ]
+    if len(ends) != len([k for k in header if k != "__metadata__"]):
+        raise SinklabError(f"{bad} (a tensor entry has no data offsets)")
+    if ends and max(ends) > size - 8 - n:
+        raise SinklabError(
+            f"weights file {str(path)!r} is truncated: its tensors need {max(ends)} bytes, "
+            f"the file holds {size - 8 - n}"
+        )
+
+
+def check_weight_files(folder: Path, spec: str) -> None:
+    """Safetensors only: refuse a folder whose weights are pickles (never unpickled) or absent,
+    and check every safetensors file's header against its size."""
+    files = sorted(folder.glob("*.safetensors"))
+    if not files:
+        pickles = sorted(p.name for p in folder.iterdir() if p.suffix in _PICKLE_SUFFIXES)
+        if pickles:
+            raise SinklabError(
+                f"model {spec!r} has only pickle weights ({', '.join(pickles[:3])}), which "
+                "sinklab never loads (unpickling runs code); convert them once where you trust "
+                'the file: `python -c "from transformers import AutoModelForCausalLM as M; '
+                f"M.from_pretrained('{folder}').save_pretrained('{folder}-st')\"` and pass the new "
+                "folder"
+            )
+        raise SinklabError(
+            f"model {spec!r} has a config but no weights (no *.safetensors file in {str(folder)!r})"
+        )
+    for path in files:
+        _check_safetensors(path)
+
+
+def check_loading_report(spec: str, report: dict[str, Any]) -> None:
+    """Refuse a checkpoint that leaves weights missing (randomly initialised) or unused."""
+    parts = []
+    for key, what in (
+        ("missing_keys", "missing (would be random)"),
+        ("unexpected_keys", "unexpected (unused)"),
+        ("mismatched_keys", "of the wrong shape"),
+    ):
+        names = sorted(str(k[0] if isinstance(k, tuple) else k) for k in report.get(key) or ())
+        if names:
+            shown = ", ".join(names[:3]) + (", ..." if len(names) > 3 else "")
+            parts.append(f"{len(names)} weights {what}: {shown}")
+    if parts:
+        raise SinklabError(
+            f"the weights of {spec!r} do not fit its config ({'; '.join(parts)}); "
+            "pass the folder the weights were saved with"
         )

@@ -7,7 +7,7 @@ destination (``cache_dir()/zoo/NAME/``). Its size and sha256 must be the pinned 
 (a truncated or corrupted chunk, a changed upload) is a one-line refusal and the partial file is
 removed, so nothing half-assembled is ever left where a load would find it. The checked GGUF is
 then dequantized once to float32 safetensors by the loader's own code
-(:func:`sinklab.models.loading.dequantize`), exactly as the embedded model is.
+(:func:`sinklab.models.checkpoint.dequantize`), exactly as the embedded model is.
 """
 
 from __future__ import annotations
@@ -211,7 +211,7 @@ def install(model: ZooModel, say: Say = _quiet, progress: Progress = quiet) -> I
         fetched = True  # a file that is no longer the pinned one: fetch it again
     if fetched:
         gguf = fetch(model, say, progress)
-    from sinklab.models.loading import dequantize  # torch and transformers: only to convert
+    from sinklab.models.checkpoint import dequantize  # torch and transformers: only to convert
 
     say(f"converting {gguf.name} to float32 safetensors once (about a minute or two)")
     progress(0.0, 1.0, "converting to float32")

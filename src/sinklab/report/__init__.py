@@ -9,16 +9,9 @@ stage), :func:`check_out_dir`.
 
 from sinklab.report.build import Report, build_into, build_report, check_out_dir
 from sinklab.report.catalog import all_stages, select_stages
-from sinklab.report.stages import (
-    Cell,
-    FigureSpec,
-    ReportConfig,
-    Stage,
-    StageContext,
-    StageOutput,
-    StageResult,
-    TableSpec,
-)
+from sinklab.report.cells import Cell, FigureSpec, TableSpec
+from sinklab.report.config import ReportConfig
+from sinklab.report.stages import Stage, StageContext, StageOutput, StageResult
 
 __all__ = [
     "Cell",

@@ -24,8 +24,9 @@ from sinklab.meta import attach_meta, versions, write_json_atomic
 from sinklab.models.loading import LoadedModel
 from sinklab.outputs import check_out, output_dir
 from sinklab.progress import Progress, quiet
+from sinklab.report.config import ReportConfig
 from sinklab.report.html import render_page
-from sinklab.report.stages import ReportConfig, Stage, StageContext, StageResult, run_stage
+from sinklab.report.stages import Stage, StageContext, StageResult, run_stage
 from sinklab.report.summary import headline
 
 COMMAND = "report"  # the marker name a previous report carries (see sinklab.outputs)

@@ -16,16 +16,9 @@ from sinklab.errors import SinklabError
 from sinklab.meta import attach_meta
 from sinklab.probe.metrics import top_heads
 from sinklab.progress import Progress
-from sinklab.report.stages import (
-    Cell,
-    FigureSpec,
-    ReportConfig,
-    Stage,
-    StageContext,
-    StageOutput,
-    TableSpec,
-    reproduce_dir,
-)
+from sinklab.report.cells import Cell, FigureSpec, TableSpec
+from sinklab.report.config import ReportConfig
+from sinklab.report.stages import Stage, StageContext, StageOutput, reproduce_dir
 
 # --------------------------------------------------------------------------- probe
 

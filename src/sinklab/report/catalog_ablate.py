@@ -8,17 +8,9 @@ from typing import Any
 
 from sinklab import figures
 from sinklab.meta import attach_meta
-from sinklab.report.stages import (
-    Cell,
-    FigureSpec,
-    JsonPath,
-    ReportConfig,
-    Stage,
-    StageContext,
-    StageOutput,
-    TableSpec,
-    reproduce_dir,
-)
+from sinklab.report.cells import Cell, FigureSpec, JsonPath, TableSpec
+from sinklab.report.config import ReportConfig
+from sinklab.report.stages import Stage, StageContext, StageOutput, reproduce_dir
 
 MAX_ROWS = 40
 

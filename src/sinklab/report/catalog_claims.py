@@ -5,16 +5,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from sinklab.report.stages import (
-    Cell,
-    FigureSpec,
-    ReportConfig,
-    Stage,
-    StageContext,
-    StageOutput,
-    TableSpec,
-    reproduce_dir,
-)
+from sinklab.report.cells import Cell, FigureSpec, TableSpec
+from sinklab.report.config import ReportConfig
+from sinklab.report.stages import Stage, StageContext, StageOutput, reproduce_dir
 
 ABOUT = (
     "Each claim of the attention-sink papers sinklab implements, measured on this model over "
@@ -29,19 +22,28 @@ ABOUT = (
 
 
 def _params(ctx: StageContext) -> dict[str, Any]:
-    from sinklab.corpus import DEFAULT_TEXT
+    """``sinklab claims``' sizes for the page: its samples are the text experiments' own (the
+    first plays of the default corpus, or windows of the user's text, all of ``tokens`` tokens)
+    and sensitivity's grid and probes are the sensitivity stage's, so a finding that quotes a
+    claim's verdict and this table read the same numbers (docs/claims.md)."""
+    from sinklab.ablate import AblationConfig
+    from sinklab.corpus import DEFAULT_TEXT, play_names
+    from sinklab.report.catalog_ablate import GEOMETRY_TEXTS
 
     c = ctx.config
     default = ctx.text_spec in (DEFAULT_TEXT, "", None)
-    p: dict[str, Any] = {  # sinklab claims' defaults, capped by the report's own sizes
-        "texts": None if default else ctx.text_spec,
-        "windows": 1 if default else 3,
-        "tokens": ctx.cap_tokens(min(c.ablate_tokens, 256)),
-        "stream_tokens": ctx.cap_tokens(min(c.stream_tokens, 160 if c.quick else 320)),
+    tokens = ctx.cap_tokens(c.ablate_tokens)  # the ablation stages' length
+    plays = ",".join(f"{DEFAULT_TEXT}:{n}" for n in play_names()[:GEOMETRY_TEXTS])
+    p: dict[str, Any] = {  # every sample is one window of `tokens` tokens
+        "texts": plays if default else ctx.text_spec,
+        "windows": 1 if default else GEOMETRY_TEXTS,
+        "tokens": tokens,
+        "stream_tokens": min(tokens, c.stream_tokens),
         "window": min(c.window, 28 if c.quick else 60),
         "n_sink": c.n_sink,
-        "grid": min(c.sensitivity_grid, 4),
-        "q0": None,  # below: it needs the tokens
+        "grid": min(c.sensitivity_grid, tokens),  # the sensitivity stage's
+        "probes": AblationConfig().probes,  # the sensitivity stage's
+        "q0": min(c.q0, tokens - 1),
         "eps": c.eps,
         "cost_seeds": 3,
         "cost_lengths": "8,16" if c.quick else "16,32,64",
@@ -49,18 +51,16 @@ def _params(ctx: StageContext) -> dict[str, Any]:
         "lab_size": "quick" if c.quick else "full",
         "lab_steps": c.lab_steps,
         "seed": c.seed,
+        "sensitivity_tokens": tokens,
     }
-    p["q0"] = min(c.q0, p["tokens"] - 1)
-    p["sensitivity_tokens"] = min(128, p["tokens"])
     return p
 
 
 def _command(ctx: StageContext) -> list[str]:
     p = _params(ctx)
     cmd = ["sinklab", "claims", *ctx.model_args]
-    if p["texts"]:
-        cmd += ["--texts", p["texts"], "--windows", str(p["windows"])]
-    keys = ("tokens", "stream_tokens", "window", "n_sink", "grid", "q0", "eps")
+    cmd += ["--texts", p["texts"], "--windows", str(p["windows"])]
+    keys = ("tokens", "stream_tokens", "window", "n_sink", "grid", "probes", "q0", "eps")
     keys += ("sensitivity_tokens", "cost_seeds", "cost_lengths", "cost_steps", "lab_size", "seed")
     if p["lab_steps"] is not None:
         keys += ("lab_steps",)
@@ -70,18 +70,19 @@ def _command(ctx: StageContext) -> list[str]:
 
 
 def _run(ctx: StageContext) -> StageOutput:
-    from sinklab.claims.core import DEFAULT_TEXTS, ClaimsConfig, claims_on
+    from sinklab.claims.core import ClaimsConfig, claims_on
     from sinklab.claims.plots import plot_claims
 
     p = _params(ctx)
     config = ClaimsConfig(
-        texts=(p["texts"],) if p["texts"] else DEFAULT_TEXTS,
+        texts=tuple(p["texts"].split(",")),
         windows=p["windows"],
         probe_tokens=p["tokens"],
         stream_tokens=p["stream_tokens"],
         window=p["window"],
         n_sink=p["n_sink"],
         grid=p["grid"],
+        probes=p["probes"],
         sensitivity_tokens=p["sensitivity_tokens"],
         q0=p["q0"],
         eps=p["eps"],

@@ -5,16 +5,9 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from sinklab.report.stages import (
-    Cell,
-    FigureSpec,
-    ReportConfig,
-    Stage,
-    StageContext,
-    StageOutput,
-    TableSpec,
-    reproduce_dir,
-)
+from sinklab.report.cells import Cell, FigureSpec, TableSpec
+from sinklab.report.config import ReportConfig
+from sinklab.report.stages import Stage, StageContext, StageOutput, reproduce_dir
 from sinklab.stream.summary import (
     block_size,
     collapse_sentence,

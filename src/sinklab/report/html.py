@@ -16,7 +16,8 @@ import shlex
 from pathlib import Path
 from typing import Any
 
-from sinklab.report.stages import Cell, StageResult, TableSpec, aggregate, lookup
+from sinklab.report.cells import Cell, TableSpec, aggregate, lookup
+from sinklab.report.stages import StageResult
 
 CSS = """
 :root { --ink:#1d232b; --muted:#5b6673; --line:#dde2e8; --ok:#1f7a4d; --bad:#b42318;

@@ -30,7 +30,7 @@ path and the route), :mod:`~sinklab.seam.function` (the
 registered function, its fused path, and :func:`sinklab_attention`).
 """
 
-from sinklab.seam.binding import bound_handlers
+from sinklab.seam.binding import binding_generation, bound_handlers
 from sinklab.seam.function import (
     ATTN_NAME,
     check_supported,
@@ -44,6 +44,7 @@ __all__ = [
     "ATTN_NAME",
     "AttentionChunk",
     "AttentionHandler",
+    "binding_generation",
     "bound_handlers",
     "check_supported",
     "register",

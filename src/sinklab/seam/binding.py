@@ -16,6 +16,13 @@ from sinklab.seam.handlers import AttentionHandler
 
 # module -> the handler groups bound to it, one tuple per open `bind` block, outermost first
 _BOUND: WeakKeyDictionary[nn.Module, list[tuple[AttentionHandler, ...]]] = WeakKeyDictionary()
+_GENERATION = [0]  # counts every bind and unbind: a caller's check is current while it is equal
+
+
+def binding_generation() -> int:
+    """A number that changes whenever any handler is bound or unbound, so a check of the bound
+    handlers (the sink cache's) is redone only when something may have changed."""
+    return _GENERATION[0]
 
 
 def bound_handlers(module: nn.Module, layer: int | None = None) -> list[AttentionHandler]:
@@ -32,6 +39,7 @@ def bind(model: nn.Module, handlers: Sequence[AttentionHandler]) -> Iterator[Non
     modules = list(model.modules())
     for module in modules:
         _BOUND.setdefault(module, []).append(group)
+    _GENERATION[0] += 1
     try:
         yield
     finally:
@@ -43,3 +51,4 @@ def bind(model: nn.Module, handlers: Sequence[AttentionHandler]) -> Iterator[Non
                     break
             if not groups:
                 _BOUND.pop(module, None)
+        _GENERATION[0] += 1

@@ -18,10 +18,12 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException
+from starlette.requests import ClientDisconnect
 
 from sinklab.serve.completions import Completions
 from sinklab.serve.config import ServeConfig
 from sinklab.serve.engine import Engine, Job
+from sinklab.serve.limits import PerKey, tenant_for
 from sinklab.serve.metrics import Metrics
 from sinklab.serve.protocol import (
     SESSION_ID,
@@ -36,6 +38,8 @@ from sinklab.serve.protocol import (
 from sinklab.serve.registry import not_found
 from sinklab.serve.responses import Responses
 from sinklab.serve.sessions import Session
+from sinklab.serve.tools import END as TOOL_END
+from sinklab.serve.tools import seen_as
 
 
 def _error(err: ApiError) -> JSONResponse:
@@ -54,14 +58,9 @@ class Server:
     # ---------------------------------------------------------------- checks
     def tenant(self, request: Request) -> str:
         """The tenant of the request's key (401 without a known one); '' when keys are off."""
-        if not self.config.api_keys:
-            return ""
-        header = request.headers.get("authorization", "")
-        scheme, _, key = header.partition(" ")
-        if scheme.lower() == "bearer" and key:
-            for known, tenant in self.config.tenants.items():
-                if hmac.compare_digest(known.encode(), key.strip().encode("utf-8", "replace")):
-                    return tenant
+        tenant = tenant_for(self.config, request.headers.get("authorization", ""))
+        if tenant is not None:
+            return tenant
         raise ApiError(
             401,
             "a valid API key is required: send 'Authorization: Bearer KEY'",
@@ -147,9 +146,14 @@ class Server:
             )
         # unseeded: a fresh seed, returned so the reply can be replayed (53 bits: exact in JSON)
         seed = req.seed if req.seed is not None else secrets.randbits(53)
+        tools = self._tools(req)
         messages = [m.as_dict() for m in req.messages]
         registry = self.engine.registry
-        session, new, created = registry.acquire(tenant, req.session_id, messages)
+        session, new, created = registry.acquire(tenant, req.session_id, messages, tools)
+        stops = req.stops()
+        callable_tools = tools if req.tools_on() else None  # "none": no reply parsed as a call
+        if callable_tools is not None and req.parallel_tool_calls is False:
+            stops.append(TOOL_END)  # at most one call: the reply ends with its first
         loop = asyncio.get_running_loop()
         events: asyncio.Queue[tuple[str, Any]] = asyncio.Queue()
         job = Job(
@@ -158,12 +162,13 @@ class Server:
             max_tokens,
             req.temperature,
             seed,
-            req.stops(),
+            stops,
             time.monotonic() + cfg.request_timeout_s,
             lambda ev: loop.call_soon_threadsafe(events.put_nowait, ev),
             created=created,
             deferred=True,  # applied once the client can have it (see _whole, _stream)
             sampling=sampling,
+            tool_names=frozenset(t["function"]["name"] for t in callable_tools or ()),
         )
         try:
             self.engine.submit(job)
@@ -177,6 +182,25 @@ class Server:
                 headers={"Cache-Control": "no-cache"},
             )
         return await self._whole(request, job, events)
+
+    def _tools(self, req: ChatRequest) -> list[dict[str, Any]] | None:
+        """The request's tools as the template renders them (None: no tools), or a 400 for a
+        model whose template does not render tools."""
+        used = [i for i, m in enumerate(req.messages) if m.uses_tools()]
+        if (req.tools_on() or used) and not self.engine.tools_ok:
+            param = "tools" if req.tools_on() else f"messages.{used[0]}"
+            raise ApiError(
+                400,
+                f"{param}: this model's chat template does not render tools ({self.config.model_id}"
+                " has no tool support); serve a model whose template does (e.g. qwen2.5-0.5b)",
+                code="unsupported_parameter",
+                param=param,
+            )
+        if not req.tools or not self.engine.tools_ok:
+            return None
+        # rendered under tool_choice "none" too (the model sees them and is not to call them;
+        # OpenAI's meaning), so a tools session's turn with "none" is the same session
+        return [t.model_dump(exclude_none=True) for t in req.tools]
 
     async def _whole(self, request: Request, job: Job, events: asyncio.Queue) -> Response:
         """The reply as one response; a client gone while it is made (checked every second)
@@ -218,6 +242,8 @@ class Server:
                         extra,
                         value["logprobs"],
                     )
+                    if value["tool_calls"]:
+                        body["choices"][0]["message"]["tool_calls"] = value["tool_calls"]
                     return JSONResponse(body)
         except asyncio.CancelledError:  # the client went away: the turn is dropped
             job.cancelled.set()
@@ -234,12 +260,15 @@ class Server:
         over, ids = False, {"session_id": sid, "seed": job.seed}
         want = job.sampling is not None and job.sampling.logprobs
         entries: list[dict[str, Any]] = []  # logprobs waiting for their text
+        held = bool(job.tool_names)  # with tools the text waits: it may be a call
         try:
             yield sse(chunk(cid, model, {"role": "assistant", "content": ""}, None, ids))
             while True:
                 kind, value = await events.get()
                 if kind == "logprobs":
                     entries += value
+                elif kind == "text" and held:
+                    continue  # the whole reply comes with "done", as text or as calls
                 elif kind == "text":
                     lp, entries = (entries if want else None), []
                     yield sse(chunk(cid, model, {"content": value}, None, ids, lp))
@@ -248,6 +277,9 @@ class Server:
                     yield sse(value.body())
                     return
                 else:  # the reply is whole: it is committed once its last chunk went out
+                    if held:
+                        for delta in _held(value):
+                            yield sse(chunk(cid, model, delta, None, ids))
                     extra = {**ids, "session": value["session"]}
                     lp = entries if want and entries else None
                     yield sse(chunk(cid, model, {}, value["finish_reason"], extra, lp))
@@ -317,8 +349,8 @@ class Server:
         """Routes OpenAI has and this server does not: a 404 that names the one to use."""
         raise ApiError(
             404,
-            f"{request.url.path} is not served here (no embeddings in this version); use "
-            "POST /v1/chat/completions with messages",
+            f"{request.url.path} is not served here (sinklab serves chat, completions and "
+            "responses); use POST /v1/chat/completions with messages",
             code="unsupported_route",
         )
 
@@ -330,7 +362,12 @@ class Server:
     async def session(self, request: Request) -> Response:
         s = self.owned(self.tenant(request), request.path_params["sid"])
         return JSONResponse(
-            {"id": s.id, "object": "session", **s.summary(), "messages": s.chat.messages}
+            {
+                "id": s.id,
+                "object": "session",
+                **s.summary(),
+                "messages": [seen_as(m) for m in s.chat.messages],
+            }
         )
 
     async def delete_session(self, request: Request) -> Response:
@@ -395,6 +432,18 @@ class Server:
         return "\n".join(lines) + "\n"
 
 
+def _held(value: dict[str, Any]) -> list[dict[str, Any]]:
+    """A reply held back while tools are on, as stream deltas: its text, then its calls (each
+    whole, in OpenAI's indexed form)."""
+    deltas: list[dict[str, Any]] = []
+    if value["reply"]:
+        deltas.append({"content": value["reply"]})
+    if value["tool_calls"]:
+        calls = [{"index": i, **c} for i, c in enumerate(value["tool_calls"])]
+        deltas.append({"tool_calls": calls})
+    return deltas
+
+
 class _Counted:
     """Counts answers by status (``/metrics``). A plain ASGI middleware, not Starlette's
     ``BaseHTTPMiddleware``: that one wraps ``receive`` so that ``request.is_disconnected()``
@@ -434,6 +483,7 @@ def build_app(
     app.add_api_route("/health", server.health, methods=["GET"])
     app.add_api_route("/metrics", server.prometheus, methods=["GET"])
 
+    app.add_middleware(PerKey, config=config)  # inside: its 429s are counted too
     app.add_middleware(_Counted, metrics=metrics)
 
     @app.exception_handler(ApiError)
@@ -451,6 +501,8 @@ def build_app(
 
     @app.exception_handler(Exception)
     async def crash(request: Request, err: Exception) -> Response:
+        if isinstance(err, (ClientDisconnect, ConnectionError)):
+            return Response(status_code=499)  # no one to answer: the guard logs it in one line
         log(f"internal error on {request.method} {request.url.path}: {type(err).__name__}: {err}")
         if os.environ.get("SINKLAB_DEBUG"):
             import traceback

@@ -55,7 +55,7 @@ class ServeConfig:
     prompt_chunk: int = 128  # --prefill-chunk: tokens of a turn read per engine step, at most
     session_ttl_s: float = 3600.0  # an idle session is removed after this long
     max_sessions_per_key: int = 64
-    max_requests_per_key: int = 16  # turns of one key in flight at once
+    max_requests_per_key: int = 16  # requests (and turns) of one key in flight at once
     max_saved_sessions: int = 256  # sessions out of memory kept on disk (LRU beyond)
     metrics_key: str | None = None  # per-key series in /metrics, for this key only
     header_timeout_s: float = 10.0  # a request's headers and body must arrive within this

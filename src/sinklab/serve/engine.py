@@ -30,6 +30,7 @@ from sinklab.serve.protocol import ApiError
 from sinklab.serve.registry import Registry
 from sinklab.serve.sampling import NotFinite, Sampling
 from sinklab.serve.sessions import Session, SessionStore
+from sinklab.serve.tools import as_sent, parse_calls, renders_tools
 from sinklab.stream.cache import CacheConfig, SinkCache
 from sinklab.stream.chat import ChatConfig, ChatSession, Opened
 from sinklab.stream.generation import StreamBatch, TextStream, _piece, read_rows
@@ -75,6 +76,8 @@ class Job:
     logprobs: list[dict[str, Any]] = field(default_factory=list)  # one entry per reply token
     lp_sent: int = 0  # entries of ``logprobs`` already emitted
     cached: int = 0  # the conversation's tokens the session had read before this turn
+    tool_names: frozenset[str] = frozenset()  # the tools the reply may call (:mod:`.tools`)
+    parsed: tuple[str | None, list[dict[str, Any]]] | None = None  # the reply, its calls
 
 
 class Engine:
@@ -98,6 +101,7 @@ class Engine:
             config.n_sink, config.window, prompt_chunk=config.prompt_chunk
         )
         self.make_chat()  # refuses a tokenizer without a chat template, before serving
+        self.tools_ok = renders_tools(tokenizer)  # its template renders a request's tools
         self.registry = Registry(config, store, self.new_session, self.make_chat, log, clock)
         self.sessions = self.registry.live  # (tenant, id) -> session in memory
         self.lock = self.registry.lock  # guards ``sessions`` and each session's ``busy``
@@ -447,11 +451,22 @@ class Engine:
         """Drop a deferred turn the client did not receive: the session is as before it."""
         self._fail(job, None)
 
+    def _calls(self, job: Job) -> tuple[str | None, list[dict[str, Any]]]:
+        """The reply as the client gets it: its content and its tool calls (parsed once)."""
+        if job.parsed is None:
+            job.parsed = (
+                parse_calls(job.text, set(job.tool_names)) if job.tool_names else (job.text, [])
+            )
+        return job.parsed
+
     def _commit(self, job: Job, state: StreamState) -> ApiError | None:
         session, chat = job.session, job.session.chat
         assert job.opened is not None
         cut = job.text if job.cut else None  # the session keeps the reply the client gets
         chat.finish(job.opened, job.tokens, job.ended, time.perf_counter() - job.started, cut)
+        content, calls = self._calls(job)
+        if calls:  # the model's text stays as it wrote it; the client's form beside it
+            chat.messages[-1]["sent"] = as_sent(content, calls)
         session.used = self.registry.clock()
         try:
             if self.store is not None:
@@ -475,9 +490,11 @@ class Engine:
         assert job.opened is not None
         prompt = job.cached + job.opened.prompt_tokens  # the whole prompt, read before or now
         logprobs = job.logprobs[: len(job.tokens) - int(job.cut)]  # as the session keeps it
+        content, calls = self._calls(job)
         return {
-            "finish_reason": finish,
-            "reply": job.text,
+            "finish_reason": "tool_calls" if calls else finish,
+            "reply": content if calls else job.text,
+            "tool_calls": calls,
             "logprobs": {"content": logprobs} if job.sampling and job.sampling.logprobs else None,
             "usage": {
                 "prompt_tokens": prompt,

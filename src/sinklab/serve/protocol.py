@@ -11,9 +11,10 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from sinklab.serve.sampling import Sampling
+from sinklab.serve.tools import Tool, ToolCall, template_call
 
 SESSION_ID = re.compile(r"[A-Za-z0-9_-]{1,64}")
 MIN_TEMPERATURE = 1e-4  # below it (and above 0) a temperature is refused: 1/t overflows float32
@@ -51,45 +52,75 @@ class _Part(BaseModel):
 
 class Message(BaseModel):
     """A chat message; content is text, or a list of text parts (joined). ``developer`` is
-    OpenAI's newer name for ``system`` and is read as one."""
+    OpenAI's newer name for ``system`` and is read as one. An assistant message may carry
+    ``tool_calls`` (its content then may be null) and a ``tool`` message answers one by its
+    ``tool_call_id`` (:mod:`.tools`; only on a model whose template renders tools)."""
 
     model_config = ConfigDict(extra="ignore")
-    role: Literal["system", "developer", "user", "assistant"]
-    content: str | list[_Part]
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[_Part] | None = None
+    tool_calls: list[ToolCall] | None = None
+    tool_call_id: str | None = None
 
     @field_validator("role", mode="before")
     @classmethod
     def _role(cls, value: Any) -> Any:
-        if value in ("tool", "function"):
-            raise ValueError(f"{value!r} messages are not supported: this server has no tools")
+        if value == "function":
+            raise ValueError("'function' messages are deprecated by OpenAI: send 'tool' messages")
         return value
 
+    @field_validator("tool_calls")
+    @classmethod
+    def _calls(cls, value: list[ToolCall] | None) -> list[ToolCall] | None:
+        for call in value or []:
+            template_call(call)  # its arguments must be JSON
+        return value
+
+    @model_validator(mode="after")
+    def _shape(self) -> Message:
+        if self.tool_calls and self.role != "assistant":
+            raise ValueError("only assistant messages carry tool_calls")
+        if self.role == "tool" and (self.tool_call_id is None or self.content is None):
+            raise ValueError("a tool message needs its tool_call_id and content")
+        if self.content is None and not (self.role == "assistant" and self.tool_calls):
+            raise ValueError("content is required (null only beside an assistant's tool_calls)")
+        return self
+
     def text(self) -> str:
+        if self.content is None:
+            return ""
         if isinstance(self.content, str):
             return self.content
         return "".join(p.text for p in self.content)
 
-    def as_dict(self) -> dict[str, str]:
+    def as_dict(self) -> dict[str, Any]:
         """The message as the chat template reads it."""
-        return {"role": "system" if self.role == "developer" else self.role, "content": self.text()}
+        out: dict[str, Any] = {
+            "role": "system" if self.role == "developer" else self.role,
+            "content": self.text(),
+        }
+        if self.tool_calls:
+            out["tool_calls"] = [template_call(c) for c in self.tool_calls]
+        if self.role == "tool":
+            out["tool_call_id"] = self.tool_call_id
+        return out
+
+    def uses_tools(self) -> bool:
+        return self.role == "tool" or bool(self.tool_calls)
 
 
 # Message fields OpenAI defines that sinklab cannot honour: refused unless absent or null.
 MESSAGE_REFUSED = {
     "name": "message names are not supported (the chat template does not render them)",
-    "tool_calls": "tool calls are not supported: this server has no tools",
-    "function_call": "function calls are not supported: this server has no tools",
+    "function_call": "function_call is deprecated by OpenAI: send tool_calls",
     "audio": "audio is not supported",
 }
 
 # Request fields OpenAI defines that sinklab does not honour: each refused with its reason
 # unless absent, null or one of the values named (which ask for nothing: OpenAI's defaults).
 REFUSED: dict[str, tuple[tuple[Any, ...], str]] = {
-    "tools": (([],), "tools are not supported by this server"),
-    "tool_choice": (("none",), "tools are not supported by this server"),
-    "functions": (([],), "functions are not supported by this server"),
-    "function_call": (("none",), "functions are not supported by this server"),
-    "parallel_tool_calls": ((False,), "tools are not supported by this server"),
+    "functions": (([],), "functions are deprecated by OpenAI: send tools"),
+    "function_call": (("none",), "function_call is deprecated by OpenAI: send tool_choice"),
     "audio": ((), "audio output is not supported"),
     "modalities": ((["text"],), "only text output is supported"),
     "prediction": ((), "predicted outputs are not supported"),
@@ -121,11 +152,11 @@ class ChatRequest(BaseModel):
     messages: list[Message] = Field(min_length=1)
     max_tokens: int | None = Field(default=None, ge=1)
     max_completion_tokens: int | None = Field(default=None, ge=1)
-    temperature: float | None = Field(default=None, ge=0, le=2)
-    top_p: float | None = Field(default=None, ge=0, le=1)
+    temperature: float | None = Field(default=None, ge=0, le=2, allow_inf_nan=False)
+    top_p: float | None = Field(default=None, ge=0, le=1, allow_inf_nan=False)
     top_k: int | None = Field(default=None, ge=0)  # an extension (vLLM, llama.cpp): 0 is off
-    presence_penalty: float | None = Field(default=None, ge=-2, le=2)
-    frequency_penalty: float | None = Field(default=None, ge=-2, le=2)
+    presence_penalty: float | None = Field(default=None, ge=-2, le=2, allow_inf_nan=False)
+    frequency_penalty: float | None = Field(default=None, ge=-2, le=2, allow_inf_nan=False)
     logit_bias: dict[str, float] | None = None
     logprobs: bool | None = None
     top_logprobs: int | None = Field(default=None, ge=0, le=20)
@@ -138,6 +169,23 @@ class ChatRequest(BaseModel):
     session_id: str | None = None
     user: str | None = None  # an end-user id, as OpenAI's: it changes nothing in the reply
     metadata: dict[str, str] | None = None  # as OpenAI's: tags, it changes nothing either
+    tools: list[Tool] | None = None  # rendered by the chat template (:mod:`.tools`)
+    tool_choice: str | dict[str, Any] | None = None  # "auto" (with tools) or "none"
+    parallel_tool_calls: bool | None = None  # false: the reply stops after its first call
+
+    @field_validator("tool_choice")
+    @classmethod
+    def _tool_choice(cls, value: Any) -> Any:
+        if value is not None and value not in ("none", "auto"):
+            raise ValueError(
+                "only 'auto' and 'none' are supported: forcing a call ('required', a named "
+                "function) needs constrained decoding, which this version does not have"
+            )
+        return value
+
+    def tools_on(self) -> bool:
+        """Whether the request gives tools the model may call (``tool_choice`` not "none")."""
+        return bool(self.tools) and self.tool_choice != "none"
 
     @field_validator("n")
     @classmethod
@@ -157,7 +205,7 @@ class ChatRequest(BaseModel):
     @classmethod
     def _bias(cls, value: dict[str, float] | None) -> dict[str, float] | None:
         for key, bias in (value or {}).items():
-            if not key.isdigit() or len(key) > 12:
+            if not re.fullmatch(r"[0-9]{1,12}", key):  # ASCII digits (str.isdigit takes '٣')
                 raise ValueError(f"key {key!r} is not a token id (a non-negative integer)")
             if not (math.isfinite(bias) and -100 <= bias <= 100):
                 raise ValueError(f"the bias of token {key} must be in -100..100")
@@ -220,12 +268,19 @@ def parse_request(body: bytes) -> ChatRequest:
         raise ApiError(400, "the request body must be a JSON object", code="invalid_json")
     _refuse_unsupported(data)
     try:
-        req = ChatRequest.model_validate(data)
+        req = ChatRequest.model_validate(data, strict=True)  # no "2" for 2, no true for 1
     except ValidationError as err:
         first = err.errors()[0]
         where = ".".join(str(x) for x in first["loc"]) or "body"
         msg = first["msg"].removeprefix("Value error, ")
         raise ApiError(400, f"{where}: {msg}", code="invalid_value", param=where) from None
+    if req.tool_choice == "auto" and not req.tools:
+        raise ApiError(
+            400,
+            "tool_choice: 'auto' needs tools to choose from",
+            code="invalid_value",
+            param="tool_choice",
+        )
     if req.top_logprobs is not None and not req.logprobs:
         raise ApiError(
             400,

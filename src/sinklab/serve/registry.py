@@ -22,6 +22,7 @@ from sinklab.errors import SinklabError
 from sinklab.serve.config import ServeConfig
 from sinklab.serve.protocol import ApiError
 from sinklab.serve.sessions import Session, SessionStore
+from sinklab.serve.tools import seen_as
 
 Key = tuple[str, str]  # (tenant, session id)
 
@@ -50,6 +51,13 @@ def _busy(what: str) -> ApiError:
         type="rate_limit_error",
         code="too_many_sessions",
         headers={"Retry-After": "1"},
+    )
+
+
+def _extends(messages: list[dict[str, Any]], known: list[dict[str, Any]]) -> bool:
+    """Whether ``messages`` start with the session's ``known`` ones as its client has them."""
+    return len(messages) >= len(known) and all(
+        m == seen_as(k) for m, k in zip(messages, known, strict=False)
     )
 
 
@@ -122,13 +130,18 @@ class Registry:
         return rows
 
     def acquire(
-        self, tenant: str, sid: str | None, messages: list[dict[str, str]]
-    ) -> tuple[Session, list[dict[str, str]], bool]:
+        self,
+        tenant: str,
+        sid: str | None,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]] | None = None,
+    ) -> tuple[Session, list[dict[str, Any]], bool]:
         """The session a request continues, the messages it adds, whether it is new; marks it
         busy. With ``sid``: the key's session of that id (created if it holds none). Without:
         the key's idle session whose conversation the messages extend the furthest (the most
         recently used of equals), else a new one. Never another key's session, never one that
-        is answering a turn for someone else."""
+        is answering a turn for someone else. ``tools``: rendered once, at a session's start; a
+        session continues only with the same tools."""
         with self.lock:
             self.sweep()
             busy_now = sum(1 for (t, _), s in self.live.items() if t == tenant and s.busy)
@@ -150,14 +163,24 @@ class Registry:
                         and not s.busy
                         and 0 < len(known) < len(messages)
                         and rank > best
-                        and messages[: len(known)] == known
+                        and s.chat.tools == tools
+                        and _extends(messages, known)
                     ):
                         session, best = s, rank
             if session is None:
                 self._room(tenant)
                 session, created = self._new(sid or self._fresh_id(tenant), tenant), True
                 session.used = self.clock()
+                session.chat.tools = tools
                 self.live[(tenant, session.id)] = session
+            if session.chat.tools != tools:
+                raise ApiError(
+                    400,
+                    f"session {session.id!r} was started with other tools (a session's tools are "
+                    "read once, at its start); send its tools, or start another session",
+                    code="invalid_value",
+                    param="tools",
+                )
             if session.busy:
                 raise ApiError(
                     409,
@@ -166,13 +189,25 @@ class Registry:
                     headers={"Retry-After": "1"},
                 )
             known = session.chat.messages
-            new = messages[len(known) :] if messages[: len(known)] == known else messages
-            if not new or new[-1]["role"] != "user":
+            if not _extends(messages, known) and any(m["role"] == "assistant" for m in messages):
+                if created:
+                    del self.live[(tenant, session.id)]
+                raise ApiError(  # appended, the session would hold the conversation twice
+                    400,
+                    f"the messages hold a conversation that session {session.id!r} does not "
+                    f"(it holds {len(known)} messages: GET /v1/sessions/{session.id}); send only "
+                    "the new messages, the session's conversation and the new ones, or no "
+                    "session_id",
+                    code="history_mismatch",
+                    param="messages",
+                )
+            new = messages[len(known) :] if _extends(messages, known) else messages
+            if not new or new[-1]["role"] not in ("user", "tool"):
                 if created:
                     del self.live[(tenant, session.id)]
                 raise ApiError(
                     400,
-                    "the messages must end with a new user message",
+                    "the messages must end with a new user message (or tool results)",
                     code="invalid_messages",
                     param="messages",
                 )

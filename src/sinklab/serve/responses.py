@@ -142,10 +142,11 @@ class Responses:
             raise ApiError(400, "the request body must be a JSON object", code="invalid_json")
         refuse_unknown(data, set(_Req.model_fields) | set(SHARED), REFUSED)
         try:
-            req = _Req.model_validate(data)
+            req = _Req.model_validate(data, strict=True)
             shared = {k: data[k] for k in SHARED if k in data}
             chat = ChatRequest.model_validate(
-                {"model": req.model, "messages": [{"role": "user", "content": "-"}], **shared}
+                {"model": req.model, "messages": [{"role": "user", "content": "-"}], **shared},
+                strict=True,  # as the chat route reads them: no "2" for 2, no true for 1
             )
         except ValidationError as err:
             raise validation_error(err) from None

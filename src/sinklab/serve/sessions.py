@@ -15,12 +15,14 @@ the turn in flight: ``DIR/STEM.T.safetensors`` (the cache tensors and the genera
 ``T``, written to a temporary file, flushed and renamed), then ``DIR/STEM.json`` (the
 conversation, the stream's bookkeeping, the server's config, the last use and the tensors file's
 sha256; written the same way, the commit point), then the previous turn's tensors file is
-removed. A crash at any point leaves the JSON naming a complete tensors file. At start-up every
-``*.json`` is read through :mod:`sinklab.safeio` (a regular file, bounded in size and JSON
-nesting: a FIFO cannot block start-up); one that is corrupt, truncated, of another model or cache
-config, or whose tensors do not match its hash is refused with one log line and left on disk; the
-others are served. :meth:`SessionStore.delete` removes the JSON first (the commit point: when it
-cannot be removed nothing changed) and then the tensors files sinklab wrote for it.
+removed. A crash at any point leaves the JSON naming a complete tensors file. At start-up
+every ``session-<hash>.json`` is read through :mod:`sinklab.safeio` (a regular file, bounded in
+size and JSON nesting: a FIFO cannot block start-up); one that is corrupt, truncated, of another
+model or cache config, or whose tensors do not match its hash is refused with one log line and
+left on disk; the others are served. A file not named as sinklab names its own is never opened
+(one log line says how many there are). :meth:`SessionStore.delete` removes the JSON first (the
+commit point: when it cannot be removed nothing changed) and then the tensors files sinklab
+wrote for it.
 """
 
 from __future__ import annotations
@@ -79,6 +81,14 @@ def _fsync_write(path: Path, data: bytes) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def _own_file(name: str) -> bool:
+    """Whether ``name`` is one sinklab writes: a turn's tensors, or a write's temporary file."""
+    return bool(
+        re.fullmatch(r"session-[0-9a-f]{32}\.\d+\.safetensors", name)
+        or re.fullmatch(r"\.session-[0-9a-f]{32}\.\S+", name)
+    )
 
 
 class SessionStore:
@@ -195,14 +205,22 @@ class SessionStore:
         ChatSession); the others refused one by one with a log line."""
         if not self.folder.is_dir():
             return []
-        sessions = []
-        for path in sorted(self.folder.glob("*.json")):
-            if path.name == MARKER:
-                continue
+        sessions, others = [], []
+        for path in sorted(self.folder.iterdir()):
+            if not re.fullmatch(r"session-[0-9a-f]{32}\.json", path.name):
+                if path.name != MARKER and not _own_file(path.name):
+                    others.append(path.name)
+                continue  # not a session's JSON: never opened
             try:
                 sessions.append(self._load(path, make_chat))
             except SinklabError as err:
                 self.log(f"session file {path.name} refused: {err}")
+        if others:
+            shown = ", ".join(others[:5]) + (", ..." if len(others) > 5 else "")
+            self.log(
+                f"{len(others)} files in {self.folder} are not sinklab's ({shown}); "
+                "not read, not touched"
+            )
         return sessions
 
     def load_one(self, tenant: str, sid: str, make_chat) -> Session:

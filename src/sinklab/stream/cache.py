@@ -49,6 +49,7 @@ What cannot be moved is refused by :func:`sinklab.models.rotary.rope_of`, naming
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Sequence
 from typing import Any
 
@@ -65,7 +66,7 @@ from sinklab.models.arch import (
     layer_kinds,
 )
 from sinklab.models.rotary import rope_of
-from sinklab.seam import bound_handlers
+from sinklab.seam import binding_generation, bound_handlers
 from sinklab.stream.layer import SinkLayer, SlidingLayer, Step
 from sinklab.stream.policy import CACHE_POLICIES, CacheConfig, kept_positions
 from sinklab.stream.slots import Plan, Row, plan_columns, plan_ring, real_tokens, ring_slots
@@ -124,8 +125,9 @@ class SinkCache(Cache):
         self.capacity = cap
         self.max_position = max_pos
         self.sinks = self.config.sinks
-        if cap is not None:
-            _check_handlers(model, self.sinks)
+        self._model = weakref.ref(model)  # to check handlers bound after the cache was made
+        self._checked = -1  # the binding generation the handlers were last checked at
+        self._check_bound()
         self.recent = self.config.recent
         self._eager = getattr(text_cfg, "_attn_implementation", None) == "eager"
         self._device, self._dtype = input_device(model), compute_dtype(model)
@@ -316,8 +318,19 @@ class SinkCache(Cache):
         self._prepared: Plan | None = None
         self._step: Step | None = None
 
+    def _check_bound(self) -> None:
+        """Refuse the handlers bound to the model now that this cache cannot honour (at
+        construction, and again at a forward whenever any binding changed since)."""
+        if self.capacity is None or self._checked == (now := binding_generation()):
+            return
+        model = self._model()
+        if model is not None:
+            _check_handlers(model, self.sinks)
+        self._checked = now
+
     def _begin(self, key_states: Tensor, position_ids: Tensor | None) -> None:
         """Plan one forward of ``q`` new columns for all layers (called on layer 0)."""
+        self._check_bound()  # an intervention bound after the cache was made
         b, _, q, _ = key_states.shape
         if self._prepared is not None:
             plan, self._prepared = self._prepared, None

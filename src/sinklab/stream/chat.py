@@ -97,6 +97,17 @@ class Turn:
     tokens_per_s: float
 
 
+def _message(m: dict[str, Any]) -> dict[str, Any]:
+    """A message of a chat record: role and content, and what a server's tools add to it."""
+    out: dict[str, Any] = {"role": str(m["role"]), "content": str(m["content"])}
+    for key, kind in (("tool_calls", list), ("tool_call_id", str), ("sent", dict)):
+        if key in m:
+            if not isinstance(m[key], kind):
+                raise TypeError(f"a message's {key} is not a {kind.__name__}")
+            out[key] = m[key]
+    return out
+
+
 class ChatSession:
     """A conversation: ``turn(text)`` returns the assistant's reply; ``stats()``; ``reset()``."""
 
@@ -122,6 +133,7 @@ class ChatSession:
         """Forget the conversation: empty history and cache."""
         self.cache.reset()
         self.messages: list[dict[str, str]] = []
+        self.tools: list[dict[str, Any]] | None = None  # rendered by the template (a server's)
         if self.config.system is not None:
             self.messages.append({"role": "system", "content": self.config.system})
         self.read_text = ""  # the rendered conversation whose tokens the cache has read
@@ -136,7 +148,9 @@ class ChatSession:
         self.last: Turn | None = None
 
     def _render(self, messages: list[dict[str, str]], prompt: bool) -> str:
-        return self.tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=prompt)
+        return self.tok.apply_chat_template(
+            messages, tools=self.tools, tokenize=False, add_generation_prompt=prompt
+        )
 
     def _rendered(self, messages: list[dict[str, str]]) -> str:
         """The template's rendering of ``messages`` (the conversation, then this turn's new
@@ -283,14 +297,18 @@ class ChatSession:
             "reply_at": self.reply_at,
             "render_checks_left": self.checks_left,
             "bounded_render": self.bounded,
+            "tools": self.tools,
         }
 
     def load_record(self, record: dict[str, Any]) -> None:
         """Take the conversation of :meth:`record` (the cache is set apart)."""
         try:
-            messages = [
-                {"role": str(m["role"]), "content": str(m["content"])} for m in record["messages"]
-            ]
+            messages = [_message(m) for m in record["messages"]]
+            tools = record.get("tools")
+            if tools is not None and not (
+                isinstance(tools, list) and all(isinstance(t, dict) for t in tools)
+            ):
+                raise TypeError("tools is not a list of objects")
             read_text, turns = str(record["read_text"]), int(record["turns"])
             pending = [int(t) for t in record["pending"]]
             most, top = int(record["most_kept"]), int(record["top_position"])
@@ -311,6 +329,7 @@ class ChatSession:
         )
         self.most_kept, self.top_position = most, top
         self.reply_at, self.checks_left, self.bounded = reply_at, checks, bounded
+        self.tools = tools
 
     def _read(self, ids: list[int], chunk: int) -> torch.Tensor:
         """Read a turn's tokens, each chunk fitted into the cache first (evict_for_space)."""

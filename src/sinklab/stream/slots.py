@@ -216,7 +216,7 @@ def real_tokens(rows: Sequence[Row], q: int, last: Sequence[int]) -> list[int]:
             raise SinklabError(
                 f"the model was given positions from {first} but this SinkCache has seen "
                 f"{row.seen - row.base} tokens; pass the whole sequence (or its full attention "
-                "mask) to generate, or let the model compute positions"
+                "mask) to generate to continue it, or call cache.reset() to start a new prompt"
             )
         real.append(r)
     return real

@@ -1,0 +1,137 @@
+"""Tools (function calling) for ``sinklab serve`` (docs/serve.md#tools).
+
+The request's ``tools`` are rendered by the model's own chat template (``apply_chat_template(...,
+tools=...)``); a template that does not render them is refused with one precise 400, never
+served as if it had read them. The reply is parsed for calls in the model's own format: Qwen's
+(and Hermes') ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>`` blocks, or a reply
+that is one such JSON object alone (what small Qwen models write). A call is taken only when it
+parses as JSON, names one of the request's tools and has object arguments; anything else stays
+the reply's text. The session keeps the model's text as it wrote it (so its cache and its
+conversation agree), and remembers the calls as the client got them, so a client that sends the
+conversation back (the assistant message with its ``tool_calls``) continues the same session.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import secrets
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+_BLOCK = re.compile(r"<tool_call>\s*(.*?)\s*(?:</tool_call>|$)", re.S)
+END = "</tool_call>"  # a stop after the first call when parallel_tool_calls is false
+
+
+class ToolFunction(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    name: str = Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+
+class Tool(BaseModel):
+    """One of a request's ``tools`` (OpenAI's function tool)."""
+
+    model_config = ConfigDict(extra="forbid")
+    type: Literal["function"]
+    function: ToolFunction
+
+
+class CallFunction(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    name: str
+    arguments: str  # JSON text, as OpenAI sends it
+
+
+class ToolCall(BaseModel):
+    """A call in an assistant message a client sends back."""
+
+    model_config = ConfigDict(extra="ignore")
+    id: str
+    type: Literal["function"] = "function"
+    function: CallFunction
+
+
+def template_call(call: ToolCall) -> dict[str, Any]:
+    """A call as chat templates read it (its arguments an object: they render it as JSON)."""
+    try:
+        args = json.loads(call.function.arguments)
+    except ValueError:
+        raise ValueError(f"the arguments of call {call.id!r} are not JSON") from None
+    return {"id": call.id, "type": "function",
+            "function": {"name": call.function.name, "arguments": args}}  # fmt: skip
+
+
+def renders_tools(tokenizer: Any) -> bool:
+    """Whether the tokenizer's chat template renders a request's tools (a probe tool's name
+    must appear in the rendering)."""
+    probe = [{"type": "function", "function": {"name": "sinklab_probe_tool", "parameters": {}}}]
+    try:
+        text = tokenizer.apply_chat_template(
+            [{"role": "user", "content": "x"}], tools=probe, tokenize=False,
+            add_generation_prompt=True,
+        )  # fmt: skip
+    except Exception:
+        return False
+    return "sinklab_probe_tool" in text
+
+
+def parse_calls(text: str, names: set[str]) -> tuple[str | None, list[dict[str, Any]]]:
+    """The reply ``text`` as OpenAI's message: (its content outside the calls, or None when
+    nothing is left; the calls, as OpenAI returns them). No call: (text, [])."""
+    calls: list[dict[str, Any]] = []
+    rest = text
+    blocks = list(_BLOCK.finditer(text))
+    if blocks:
+        for m in blocks:
+            call = _call(m.group(1), names)
+            if call is None:
+                return text, []  # a block that is not a call of these tools: the model's text
+            calls.append(call)
+        rest = _BLOCK.sub("", text)
+    else:
+        call = _call(text.strip(), names)
+        if call is None:
+            return text, []
+        calls, rest = [call], ""
+    rest = rest.strip()
+    return (rest or None), calls
+
+
+def _call(body: str, names: set[str]) -> dict[str, Any] | None:
+    try:
+        obj = json.loads(body)
+    except ValueError:
+        return None
+    if not isinstance(obj, dict) or obj.get("name") not in names:
+        return None
+    args = obj.get("arguments", obj.get("parameters", {}))
+    if not isinstance(args, dict):
+        return None
+    return {"id": "call_" + secrets.token_hex(12), "type": "function",
+            "function": {"name": obj["name"], "arguments": json.dumps(args)}}  # fmt: skip
+
+
+def as_sent(content: str | None, calls: list[dict[str, Any]]) -> dict[str, Any]:
+    """The assistant message as a client sends it back (templates' form: arguments parsed), for
+    comparing a resent conversation with the session's."""
+    return {
+        "content": content or "",
+        "tool_calls": [
+            {"id": c["id"], "type": "function",
+             "function": {"name": c["function"]["name"],
+                          "arguments": json.loads(c["function"]["arguments"])}}
+            for c in calls
+        ],
+    }  # fmt: skip
+
+
+def seen_as(message: dict[str, Any]) -> dict[str, Any]:
+    """A session's message as its client has it (a reply with calls: as the client got it)."""
+    sent = message.get("sent")
+    if sent is None:
+        return message
+    return {"role": message["role"], **sent}

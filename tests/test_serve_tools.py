@@ -1,0 +1,228 @@
+"""Tools on a model whose chat template renders them (the zoo's qwen2.5-0.5b), through the real
+server and the official ``openai`` client: the template renders the request's tools, the model's
+call is parsed into ``tool_calls`` (``finish_reason: "tool_calls"``), the client sends the call
+and the tool's result back and the same session continues; what is not supported with tools is
+refused with a 400 naming it (docs/serve.md#tools). The refusal on a template without tools is
+in tests/test_serve_sampling.py."""
+
+from __future__ import annotations
+
+import json
+
+import openai
+import pytest
+
+from serving import Served
+
+QWEN = "qwen2.5-0.5b"
+WEATHER = [
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "description": "Get the current weather in a city",
+            "parameters": {
+                "type": "object",
+                "properties": {"city": {"type": "string"}},
+                "required": ["city"],
+            },
+        },
+    }
+]
+ASK = "What is the weather in Paris right now?"
+
+
+@pytest.fixture(scope="module")
+def qwen(tmp_path_factory):
+    from sinklab.models.zoo import ZOO, dequantized_dir, is_ready
+
+    if not is_ready(dequantized_dir(ZOO[QWEN])):
+        pytest.fail(f"{QWEN} is not installed: run `sinklab models install {QWEN}`")
+    sessions = tmp_path_factory.mktemp("tools") / "sessions"
+    served = Served("--model", QWEN, "--api-key", "k", "--max-tokens", "48",
+                    "--sessions", str(sessions), timeout=600)  # fmt: skip
+    yield served
+    served.stop()
+
+
+@pytest.fixture(scope="module")
+def client(qwen) -> openai.OpenAI:
+    return openai.OpenAI(base_url=qwen.base, api_key="k", max_retries=0, timeout=600)
+
+
+def test_a_call_is_parsed_and_its_result_continues_the_session(qwen, client):
+    messages = [{"role": "user", "content": ASK}]
+    out = client.chat.completions.create(
+        model=QWEN, messages=messages, tools=WEATHER, temperature=0, max_tokens=40
+    )
+    choice = out.choices[0]
+    assert choice.finish_reason == "tool_calls", choice
+    (call,) = choice.message.tool_calls
+    assert call.type == "function" and call.function.name == "get_weather"
+    assert json.loads(call.function.arguments) == {"city": "Paris"}
+    assert call.id.startswith("call_") and choice.message.content is None
+    # the conversation sent back as the client has it: the same session continues, the tool's
+    # answer read after what the session holds
+    messages += [
+        choice.message.model_dump(exclude_none=True),
+        {"role": "tool", "tool_call_id": call.id, "content": '{"celsius": 18, "sky": "clear"}'},
+    ]
+    again = client.chat.completions.create(
+        model=QWEN, messages=messages, tools=WEATHER, temperature=0, max_tokens=30
+    )
+    sid = out.model_extra["session_id"]
+    assert again.model_extra["session_id"] == sid
+    assert again.model_extra["session"]["turns"] == 2
+    cached = again.usage.prompt_tokens_details.cached_tokens
+    assert cached == out.model_extra["session"]["tokens_seen"] > 0
+    reply = again.choices[0]  # the model may call again or answer: either is reported as such
+    assert (reply.finish_reason == "tool_calls") == bool(reply.message.tool_calls)
+    assert reply.message.tool_calls or reply.message.content
+    import httpx
+
+    held = httpx.get(f"{qwen.base}/sessions/{sid}", headers={"Authorization": "Bearer k"}).json()
+    assert held["messages"][:3] == [
+        messages[0],
+        {"role": "assistant", "content": "", "tool_calls": [
+            {"id": call.id, "type": "function",
+             "function": {"name": "get_weather", "arguments": {"city": "Paris"}}}]},
+        messages[2],
+    ]  # fmt: skip
+    # the session's conversation as the client has it, and its tools are its own
+    with pytest.raises(openai.BadRequestError) as err:
+        client.chat.completions.create(
+            model=QWEN, messages=[{"role": "user", "content": "and in Rome?"}], max_tokens=2,
+            extra_body={"session_id": sid},
+        )  # fmt: skip
+    assert err.value.body["param"] == "tools" and "other tools" in err.value.body["message"]
+    assert "Traceback" not in qwen.log
+
+
+@pytest.mark.parametrize(
+    ("extra", "param", "needle"),
+    [
+        ({"tool_choice": "required"}, "tool_choice", "constrained decoding"),
+        ({"tool_choice": {"type": "function", "function": {"name": "get_weather"}}},
+         "tool_choice", "constrained decoding"),
+        ({"tools": [{"type": "function", "function": {"name": "bad name"}}]},
+         "tools.0.function.name", "pattern"),
+    ],
+)  # fmt: skip
+def test_what_tools_do_not_support_is_refused_naming_it(qwen, client, extra, param, needle):
+    body = {"tools": WEATHER, **extra}
+    with pytest.raises(openai.BadRequestError) as err:
+        client.chat.completions.create(
+            model=QWEN, messages=[{"role": "user", "content": ASK}], max_tokens=2,
+            extra_body=body,
+        )  # fmt: skip
+    assert err.value.body["param"] == param and needle in err.value.body["message"], err.value.body
+    assert "Traceback" not in qwen.log
+
+
+def test_a_streamed_reply_with_tools_gives_the_call_in_deltas(qwen, client):
+    """Streamed with tools, the reply is held until it is whole (it may be a call), then sent as
+    OpenAI's indexed ``tool_calls`` deltas, which the client assembles into the call."""
+    stream = client.chat.completions.create(
+        model=QWEN, messages=[{"role": "user", "content": ASK}], tools=WEATHER, temperature=0,
+        max_tokens=40, stream=True,
+    )  # fmt: skip
+    calls: dict[int, dict[str, str]] = {}
+    finish, text = None, ""
+    for ev in stream:
+        for ch in ev.choices:
+            text += ch.delta.content or ""
+            for d in ch.delta.tool_calls or []:
+                got = calls.setdefault(d.index, {"id": "", "name": "", "arguments": ""})
+                got["id"] += d.id or ""
+                got["name"] += d.function.name or ""
+                got["arguments"] += d.function.arguments or ""
+            finish = ch.finish_reason or finish
+    assert finish == "tool_calls" and text == ""
+    assert [(c["name"], json.loads(c["arguments"])) for c in calls.values()] == [
+        ("get_weather", {"city": "Paris"})
+    ]
+    assert calls[0]["id"].startswith("call_")
+
+
+def test_tool_choice_none_is_text_and_keeps_a_tools_session(qwen, client):
+    """``tool_choice: "none"``: the reply is text, never parsed as a call; the tools are still
+    rendered (the model sees them and is not to call them, as OpenAI means it), so a session
+    started with tools takes a turn with "none" and then calls again (it was a 400 "other
+    tools" when "none" meant no tools)."""
+    out = client.chat.completions.create(
+        model=QWEN, messages=[{"role": "user", "content": ASK}], tools=WEATHER,
+        tool_choice="none", temperature=0, max_tokens=8,
+    )  # fmt: skip
+    assert out.choices[0].finish_reason in ("stop", "length")
+    assert out.choices[0].message.tool_calls is None and out.choices[0].message.content
+    sid = {"session_id": "tools-then-none"}
+    first = client.chat.completions.create(
+        model=QWEN, messages=[{"role": "user", "content": ASK}], tools=WEATHER,
+        temperature=0, max_tokens=40, extra_body=sid,
+    )  # fmt: skip
+    assert first.choices[0].finish_reason == "tool_calls", first
+    called = first.choices[0].message
+    history = [{"role": "user", "content": ASK}, called.model_dump(exclude_none=True),
+               {"role": "tool", "tool_call_id": called.tool_calls[0].id,
+                "content": "18 C, sunny"}]  # fmt: skip
+    second = client.chat.completions.create(
+        model=QWEN, messages=history, tools=WEATHER, tool_choice="none", temperature=0,
+        max_tokens=12, extra_body=sid,
+    )  # fmt: skip
+    assert second.choices[0].message.tool_calls is None and second.choices[0].message.content
+    assert second.model_extra["session_id"] == "tools-then-none"
+
+
+NAMES = {"get_weather", "add"}
+
+
+@pytest.mark.parametrize(
+    ("text", "content", "calls"),
+    [
+        ('{"name": "get_weather", "arguments": {"city": "Paris"}}', None,
+         [("get_weather", {"city": "Paris"})]),
+        ('Let me look.\n<tool_call>\n{"name": "add", "arguments": {"a": 1, "b": 2}}\n'
+         '</tool_call>\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Rome"}}\n'
+         "</tool_call>", "Let me look.", [("add", {"a": 1, "b": 2}),
+                                          ("get_weather", {"city": "Rome"})]),
+        ('<tool_call>\n{"name": "add", "arguments": {"a": 1}}\n', None, [("add", {"a": 1})]),
+        ('{"name": "unknown", "arguments": {}}', '{"name": "unknown", "arguments": {}}', []),
+        ('{"name": "add", "arguments": "1, 2"}', '{"name": "add", "arguments": "1, 2"}', []),
+        ("<tool_call>not json</tool_call>", "<tool_call>not json</tool_call>", []),
+        ("The weather is fine.", "The weather is fine.", []),
+    ],
+)  # fmt: skip
+def test_calls_are_taken_only_when_they_are_calls_of_the_tools(text, content, calls):
+    from sinklab.serve.tools import parse_calls
+
+    got_content, got = parse_calls(text, NAMES)
+    assert got_content == content
+    assert [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in got] == calls
+    assert len({c["id"] for c in got}) == len(got)
+
+
+def test_a_sessions_tools_and_calls_survive_its_file(tiny_model_factory, chat_tokenizer, tmp_path):
+    """A session's tools and a reply's calls (as the client got them) are written with it and
+    read back at start-up: the restored session renders the same tools and matches the same
+    resent conversation."""
+    from sinklab.serve.sessions import Session, SessionStore
+    from sinklab.serve.tools import seen_as
+    from sinklab.stream.chat import ChatConfig, ChatSession
+
+    model = tiny_model_factory("llama", seed=13)
+    chat = ChatSession(model, chat_tokenizer, ChatConfig(2, 30))
+    chat.tools = WEATHER
+    chat.turn("hi")
+    sent = {"content": "", "tool_calls": [{"id": "call_1", "type": "function", "function": {
+        "name": "get_weather", "arguments": {"city": "Paris"}}}]}  # fmt: skip
+    chat.messages[-1]["sent"] = sent
+    identity = {"model": "tiny", "n_sink": 2, "window": 30}
+    store = SessionStore(tmp_path, identity, print)
+    store.claim()
+    store.save(Session("t", "k", chat, chat.cache.state()), chat.cache.state())
+    (back,) = SessionStore(tmp_path, identity, print).load_all(
+        lambda: ChatSession(model, chat_tokenizer, ChatConfig(2, 30))
+    )
+    assert back.chat.tools == WEATHER
+    assert back.chat.messages == chat.messages
+    assert seen_as(back.chat.messages[-1]) == {"role": "assistant", **sent}

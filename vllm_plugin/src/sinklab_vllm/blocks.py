@@ -1,0 +1,60 @@
+"""Scheduler side: free the KV blocks a sink + window request no longer attends to
+(docs/vllm.md#blocks).
+
+A request's token ``p`` stays in logical slot ``p`` of its block table (vLLM's slot mapping is
+untouched). Before the token at position ``t`` is computed, it attends to the sinks
+``0 .. n_sink-1`` and the window ``t-window .. t-1`` (StreamingLLM's step, as
+``sinklab.stream.policy.kept_positions(t, ...)`` plus ``t`` itself), so every whole block inside the
+gap ``[ceil(n_sink / B) * B, t - window)`` is freed and replaced by vLLM's ``null_block``, exactly
+as vLLM's own ``RSWAManager`` frees its gap. Slots evicted inside a block that is still held (the
+sink block's tail, the oldest window block's head) stay allocated; the attention side must mask
+them (not built yet).
+
+Per request at most :meth:`SinkWindowSpec.max_blocks` blocks are held, however long it runs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from vllm.utils.math_utils import cdiv
+from vllm.v1.core.single_type_kv_cache_manager import FullAttentionManager
+from vllm.v1.kv_cache_interface import FullAttentionSpec
+
+
+@dataclass(frozen=True, kw_only=True)
+class SinkWindowSpec(FullAttentionSpec):
+    """A full-attention layer's KV spec whose requests keep ``n_sink`` sinks and a ``window``."""
+
+    n_sink: int
+    window: int
+
+    def max_blocks(self) -> int:
+        """Blocks one request holds at most: the sinks' blocks, plus the ``window + 1`` positions
+        a decode step reads (the window and the new token), which straddle at most one more
+        block than they fill."""
+        return cdiv(self.n_sink, self.block_size) + cdiv(self.window + 1, self.block_size) + 1
+
+    def max_memory_usage_bytes(self, vllm_config: Any) -> int:
+        return self.max_blocks() * self.page_size_bytes
+
+
+class SinkWindowManager(FullAttentionManager):
+    """Frees, one step at a time, the whole blocks that fell out between the sinks and the
+    window; everything else is :class:`FullAttentionManager`'s."""
+
+    def remove_skipped_blocks(
+        self,
+        request_id: str,
+        processed_computed_tokens: int,
+        num_prompt_tokens: int | None = None,
+    ) -> None:
+        """Free the blocks entirely inside ``[ceil(n_sink / B) * B, t - window)``, ``t`` the
+        tokens processed so far (the next token to compute sits at ``t``)."""
+        del num_prompt_tokens
+        spec = self.kv_cache_spec
+        assert isinstance(spec, SinkWindowSpec)
+        first_gap_block = cdiv(spec.n_sink, self.block_size)
+        last_gap_block = max(0, processed_computed_tokens - spec.window) // self.block_size
+        self._remove_blocks_in_range(request_id, first_gap_block, last_gap_block)
