@@ -148,6 +148,23 @@ def test_lists_of_prompts_are_one_choice_each(client, chat_dir, loaded):
     assert many.usage.prompt_tokens == n
 
 
+def test_prompts_read_together_score_as_each_alone(client, chat_dir, loaded):
+    """Ten prompts of different lengths (two groups of rows read together; one longer than the
+    window, so its row evicts while the others do not): each choice equals its prompt alone."""
+    base = _ids(loaded, TEXT) * 20
+    prompts = [base[: 3 + 7 * k] for k in range(9)] + [base[:300]]
+    kw = {"model": str(chat_dir), "max_tokens": 4, "temperature": 0, "echo": True, "logprobs": 1}
+    many = client.completions.create(prompt=prompts, **kw)
+    assert [c.index for c in many.choices] == list(range(10))
+    for p, choice in zip(prompts, many.choices, strict=True):
+        alone = client.completions.create(prompt=p, **kw).choices[0]
+        assert choice.text == alone.text
+        assert choice.logprobs.token_logprobs == pytest.approx(
+            alone.logprobs.token_logprobs, abs=1e-5
+        )
+    assert many.usage.prompt_tokens == sum(len(p) for p in prompts)
+
+
 def test_a_stream_equals_the_whole_reply(client, chat_dir):
     kw = {"model": str(chat_dir), "prompt": ["the king", "our"], "max_tokens": 10,
           "temperature": 0, "logprobs": 2, "echo": True}  # fmt: skip
@@ -251,3 +268,38 @@ def test_keys_models_and_bodies(server, chat_dir):
     resp = httpx.post(url, json={"prompt": "x"}, headers=key)
     assert resp.status_code == 400 and resp.json()["error"]["param"] == "model"
     assert "Traceback" not in server.log
+
+
+def test_hostile_bodies_and_a_client_gone_mid_stream(server, chat_dir, client):
+    url, key = server.base + "/completions", {"Authorization": "Bearer key-a",
+                                              "Content-Type": "application/json"}  # fmt: skip
+    resp = httpx.post(url, content=b'{"model": "m", "prompt": "\\ud800"}', headers=key)
+    assert resp.status_code == 400 and "surrogate" in resp.json()["error"]["message"]
+    deep = b'{"model": "m", "prompt": ' + b"[" * 5000 + b"]" * 5000 + b"}"
+    resp = httpx.post(url, content=deep, headers=key)
+    assert resp.status_code == 400 and "nests deeper" in resp.json()["error"]["message"]
+    with httpx.stream("POST", url, headers=key, timeout=60, json={
+        "model": str(chat_dir), "prompt": "the king", "max_tokens": 60, "stream": True,
+        "temperature": 0}) as stream:  # fmt: skip
+        next(stream.iter_lines())  # one chunk, then the client leaves
+    out = client.completions.create(model=str(chat_dir), prompt="the king", max_tokens=3)
+    assert out.choices[0].text is not None
+    assert "Traceback" not in server.log
+
+
+def test_a_prompt_past_the_request_timeout_is_answered_504(chat_dir):
+    """--request-timeout 3 with --prefill-chunk 1: a 6,000-token prompt (6,000 forwards) is
+    dropped between pieces and answered 504 JSON; the next request is answered."""
+    args = ["--model", str(chat_dir), "--n-sink", str(N_SINK), "--window", str(WINDOW)]
+    served = Served(*args, "--request-timeout", "3", "--prefill-chunk", "1")
+    try:
+        url = served.base + "/completions"
+        resp = httpx.post(url, json={"model": str(chat_dir), "prompt": [5] * 6000,
+                                     "max_tokens": 1}, timeout=120)  # fmt: skip
+        assert resp.status_code == 504 and resp.json()["error"]["code"] == "request_timeout"
+        resp = httpx.post(url, json={"model": str(chat_dir), "prompt": "the", "max_tokens": 1},
+                          timeout=120)  # fmt: skip
+        assert resp.status_code == 200, resp.text
+        assert "Traceback" not in served.log
+    finally:
+        served.stop()

@@ -15,19 +15,31 @@ from __future__ import annotations
 import asyncio
 import secrets
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from sinklab.serve.config import ServeConfig
 from sinklab.serve.protocol import ApiError, ChatRequest, load_json, sse
 from sinklab.serve.scoring import Entry, Piece, Prompt, Scorer, Task
 
-if TYPE_CHECKING:
-    from sinklab.serve.app import Server
+
+class Host(Protocol):
+    """What these routes use of :class:`sinklab.serve.app.Server` (its keys, limits, model and
+    log), named here so that the app imports the routes and not the other way round."""
+
+    config: ServeConfig
+    engine: Any
+    log: Callable[[str], None]
+
+    def tenant(self, request: Request) -> str: ...
+
+    async def body(self, request: Request) -> bytes: ...
+
 
 MAX_PROMPTS = 64  # prompts (choices) in one request
 MAX_LOGPROBS = 20
@@ -131,7 +143,7 @@ def parse(body: bytes) -> tuple[CompletionRequest, ChatRequest]:
     return req, chat
 
 
-def check_model(server: Server, model: str) -> None:
+def check_model(server: Host, model: str) -> None:
     if model != server.config.model_id:
         raise ApiError(
             404,
@@ -141,13 +153,13 @@ def check_model(server: Server, model: str) -> None:
         )
 
 
-def check_bias(server: Server, chat: ChatRequest) -> None:
+def check_bias(server: Host, chat: ChatRequest) -> None:
     vocab = int(getattr(server.engine.model.config, "vocab_size", 0) or 0)
     if vocab and any(int(t) >= vocab for t in chat.logit_bias or {}):
         raise _bad("logit_bias", f"token ids must be below this model's vocabulary size {vocab}")
 
 
-def scorer_of(server: Server) -> Scorer:
+def scorer_of(server: Host) -> Scorer:
     """The server's one :class:`Scorer` (made on first use)."""
     scorer = getattr(server, "scorer", None)
     if scorer is None:
@@ -159,7 +171,7 @@ def scorer_of(server: Server) -> Scorer:
     return scorer
 
 
-def temperature_of(server: Server, chat: ChatRequest) -> float:
+def temperature_of(server: Host, chat: ChatRequest) -> float:
     """The request's temperature, else the server's default (as on the chat route)."""
     return server.engine.chat_config.temperature if chat.temperature is None else chat.temperature
 
@@ -167,7 +179,7 @@ def temperature_of(server: Server, chat: ChatRequest) -> float:
 class Completions:
     """The route over a :class:`~sinklab.serve.app.Server` (its keys, limits and model)."""
 
-    def __init__(self, server: Server) -> None:
+    def __init__(self, server: Host) -> None:
         self.server = server
 
     def _prompts(self, prompt: Any) -> list[Prompt]:
@@ -198,7 +210,7 @@ class Completions:
         max_tokens = DEFAULT_MAX_TOKENS if req.max_tokens is None else req.max_tokens
         if max_tokens > cfg.max_tokens_limit:
             raise _bad("max_tokens", f"{max_tokens} is over this server's {cfg.max_tokens_limit}")
-        prompts = self._prompts(req.prompt)
+        prompts = await asyncio.to_thread(self._prompts, req.prompt)  # off the event loop
         seed = chat.seed if chat.seed is not None else secrets.randbits(53)
         sampling = replace(chat.sampling(), temperature=temperature_of(server, chat))
         loop = asyncio.get_running_loop()

@@ -21,7 +21,7 @@ import secrets
 import time
 from collections.abc import AsyncIterator
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
@@ -29,6 +29,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from sinklab.errors import SinklabError
 from sinklab.serve.completions import (
+    Host,
     check_model,
     refuse_unknown,
     scorer_of,
@@ -37,9 +38,6 @@ from sinklab.serve.completions import (
 )
 from sinklab.serve.protocol import ApiError, ChatRequest, load_json
 from sinklab.serve.scoring import Prompt, Task
-
-if TYPE_CHECKING:
-    from sinklab.serve.app import Server
 
 SHARED = ("temperature", "top_p", "user")  # checked as the chat route checks them
 
@@ -135,7 +133,7 @@ def _text(content: Any, where: str, role: str) -> str:
 class Responses:
     """The route over a :class:`~sinklab.serve.app.Server`."""
 
-    def __init__(self, server: Server) -> None:
+    def __init__(self, server: Host) -> None:
         self.server = server
 
     def _parse(self, body: bytes) -> tuple[_Req, ChatRequest, list[dict[str, str]]]:
@@ -174,7 +172,7 @@ class Responses:
             raise _bad("max_output_tokens", f"{max_tokens} is over this server's "
                        f"{cfg.max_tokens_limit}")  # fmt: skip
         try:  # rendered as sinklab chat renders a conversation (its template, its first token)
-            _, _, ids = server.engine.make_chat().to_read(messages)
+            _, _, ids = await asyncio.to_thread(server.engine.make_chat().to_read, messages)
         except SinklabError as err:
             raise _bad("input", str(err), "invalid_conversation") from None
         except Exception as err:  # a template that raises on this conversation

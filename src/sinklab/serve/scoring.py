@@ -30,7 +30,9 @@ from sinklab.models.arch import input_device
 from sinklab.serve.protocol import ApiError
 from sinklab.serve.sampling import NotFinite, Sampling
 from sinklab.stream.cache import CacheConfig, SinkCache
-from sinklab.stream.generation import TextStream, _piece, eos_ids
+from sinklab.stream.generation import TextStream, _piece, eos_ids, left_padded
+
+GROUP = 8  # prompts of one request read together (their logits: GROUP x piece x vocabulary)
 
 # ("piece", Piece) | ("finish", (index, reason)) | ("done", usage dict) | ("error", ApiError)
 Emit = Callable[[tuple[str, Any]], None]
@@ -141,11 +143,25 @@ class Scorer:
 
     @torch.inference_mode()
     def run(self, task: Task) -> None:
-        """Answer every prompt of ``task`` in turn (events through ``task.emit``)."""
+        """Answer every prompt of ``task`` in order (events through ``task.emit``): up to
+        :data:`GROUP` prompts are read together, one left-padded forward a piece."""
         prompt_tokens = completion_tokens = 0
-        for index, prompt in enumerate(task.prompts):
-            prompt_tokens += len(prompt.ids)
-            completion_tokens += self._one(task, index, prompt)
+        want = task.echo and task.logprobs is not None  # every prompt token's logprob
+        for start in range(0, len(task.prompts), GROUP):
+            group = task.prompts[start : start + GROUP]
+            echoes = [self._echo(task, p, want) for p in group]
+            lasts, cache = self._read(task, [p.ids for p in group], [e[1] for e in echoes])
+            for b, (prompt, (echoed, entries, detok)) in enumerate(zip(group, echoes, strict=True)):
+                prompt_tokens += len(prompt.ids)
+                if task.echo:
+                    task.emit(("piece", Piece(start + b, echoed, entries or [])))
+                # its own cache to decode in (the others' rows are not read with it): only
+                # when a second token is decoded, the first comes from the read's logits
+                own = cache
+                if len(group) > 1 and task.max_tokens > 1:
+                    own = SinkCache.from_state(self.model, [cache.state(b)])
+                completion_tokens += self._decode(task, start + b, own, lasts[b], detok,
+                                                  len(echoed))  # fmt: skip
         task.emit(
             (
                 "done",
@@ -158,11 +174,12 @@ class Scorer:
             )
         )
 
-    def _one(self, task: Task, index: int, prompt: Prompt) -> int:
-        """Read ``prompt`` (echoed, and scored when asked), then decode its reply."""
+    def _echo(
+        self, task: Task, prompt: Prompt, want: bool
+    ) -> tuple[str, list[Entry] | None, TextStream]:
+        """The prompt's echoed text, its entries to fill in (``want``), and the detokenizer its
+        reply is decoded with."""
         ids = prompt.ids
-        cache = SinkCache(self.model, self.cache_config)
-        want = task.echo and task.logprobs is not None  # every prompt token's logprob
         detok = TextStream(self.tok)
         echoed, entries = "", []
         if task.echo and prompt.text is not None and prompt.offsets is not None:
@@ -178,36 +195,42 @@ class Scorer:
         # a completion's first token decodes as it follows the prompt (its leading space kept);
         # a chat reply is decoded alone, as sinklab chat decodes it
         detok.context = ids[-4:] if task.continues else []
-        last = self._read(task, cache, ids, entries if want else None)
-        if task.echo:
-            task.emit(("piece", Piece(index, echoed, entries)))
-        return self._decode(task, index, cache, last, detok, len(echoed))
+        return echoed, entries if want else None, detok
 
     def _read(
-        self, task: Task, cache: SinkCache, ids: list[int], entries: list[Entry] | None
-    ) -> torch.Tensor:
-        """Read ``ids`` piece by piece (each fitted into the cache first) -> the last token's
-        logits; ``entries``: fill in each prompt token's logprob and top alternatives."""
+        self, task: Task, ids: list[list[int]], entries: list[list[Entry] | None]
+    ) -> tuple[list[torch.Tensor], SinkCache]:
+        """Read each of ``ids`` in its own row of one cache, piece by piece (each fitted into
+        its row first, rows left-padded to the longest piece) -> each row's last logits and the
+        cache; ``entries[b]``: fill in row ``b``'s logprobs and top alternatives."""
         dev = input_device(self.model)
+        cache = SinkCache(self.model, self.cache_config)
+        if len(ids) > 1:
+            cache.add_streams(len(ids) - 1)
+        score = any(e is not None for e in entries)
+        last: list[torch.Tensor | None] = [None] * len(ids)
         done = 0
-        last: torch.Tensor | None = None
-        while done < len(ids):
+        while done < max(len(r) for r in ids):
             self._check(task)
             piece = _piece(cache, self.chunk, True)
-            part = ids[done : done + piece]
-            cache.evict_for_space(len(part) if len(ids) > 1 else 0)
-            extra = cache.prepare(len(part))
-            keep = {} if entries is not None else {"logits_to_keep": 1}
-            x = torch.tensor([part], device=dev)
-            logits = self.model(x, cache=cache, **extra, **keep).logits[0]
-            if entries is not None:  # row j predicts ids[done + j + 1]
-                nxt = ids[done + 1 : done + len(part) + 1]
-                if nxt:
-                    self._score(logits[: len(nxt)], nxt, entries, done + 1, task.logprobs or 0)
-            last = logits[-1]
-            done += len(part)
-        assert last is not None
-        return last
+            parts = [r[done : done + piece] for r in ids]
+            counts = [len(p) for p in parts]
+            fit = [c if len(r) > 1 else 0 for c, r in zip(counts, ids, strict=True)]
+            cache.evict_for_space(fit)
+            extra = cache.prepare(counts)
+            keep = {} if score else {"logits_to_keep": 1}
+            out = self.model(left_padded(parts).to(dev), cache=cache, **extra, **keep).logits
+            for b, part in enumerate(parts):
+                if not part:
+                    continue
+                rows = out[b, out.shape[1] - len(part) :] if score else out[b]
+                if entries[b] is not None:  # row j predicts ids[b][done + j + 1]
+                    nxt = ids[b][done + 1 : done + len(part) + 1]
+                    if nxt:
+                        self._score(rows[: len(nxt)], nxt, entries[b], done + 1, task.logprobs or 0)
+                last[b] = rows[-1]
+            done += piece
+        return [lg for lg in last if lg is not None], cache
 
     def _score(
         self, logits: torch.Tensor, targets: list[int], entries: list[Entry], at: int, k: int
