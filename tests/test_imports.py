@@ -34,6 +34,15 @@ ORDER = (
     "cli",
 )
 LAYERS = {name: rank for rank, name in enumerate(ORDER)}
+# The claims rule (the verdict of an effect's samples, the effects, the sentence that quotes
+# them): pure modules an experiment may quote, since they import nothing above probe.
+CLAIMS_RULE = {
+    "sinklab.claims",
+    "sinklab.claims.rules",
+    "sinklab.claims.registry",
+    "sinklab.claims.effects",
+    "sinklab.claims.quote",
+}
 # The documented exceptions: (importer, imported, why).
 ALLOWED_UPWARD = {
     ("sinklab.__main__", "sinklab.cli"): "python -m sinklab runs the CLI",
@@ -42,8 +51,12 @@ ALLOWED_UPWARD = {
         "be registered with transformers before from_pretrained"
     ),
     **{
-        ("sinklab.ablate.experiments", m): "PENDING (issue 28.5): findings quote verdicts"
-        for m in ("sinklab.claims", "sinklab.claims.effects", "sinklab.claims.registry")
+        (importer, rule): (
+            "an experiment's finding quotes its claim's verdict by the claims rule; the rule's "
+            "modules import nothing above probe (test_the_claims_rule_stands_below_ablate)"
+        )
+        for importer in ("sinklab.ablate.experiments", "sinklab.ablate.density")
+        for rule in sorted(CLAIMS_RULE)
     },
 }
 
@@ -180,6 +193,16 @@ def test_imports_run_one_way():
         if LAYERS[layer(b)] > LAYERS[layer(a)] and (a, b) not in ALLOWED_UPWARD
     ]
     assert not bad, "imports against the layering:\n" + "\n".join(bad)
+
+
+def test_the_claims_rule_stands_below_ablate():
+    """What ``ablate`` may import of ``claims`` (the rule) imports, deferred and TYPE_CHECKING
+    imports too, only the rule itself and packages below ``ablate``: so quoting a verdict in an
+    experiment's finding is not a reach into the claims package's measuring half."""
+    edges = graph(module_level=False, typing=True)
+    for name in sorted(CLAIMS_RULE):
+        above = [b for b in edges[name] - CLAIMS_RULE if LAYERS[layer(b)] >= LAYERS["ablate"]]
+        assert not above, f"{name} imports {above}"
 
 
 def test_the_walker_sees_what_it_checks():
