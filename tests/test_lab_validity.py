@@ -291,3 +291,13 @@ def test_a_diagonal_head_is_no_sink_and_a_kept_sink_is_no_removal():
     assert "unneeded, not absent" in flat.reason and "steps 800-1000" in flat.reason
     leaving = tailed([0.9, 0.7, 0.5, 0.4, 0.35])  # on its way out: not settled, not a finding
     assert not leaving.met and "not settled" in leaving.reason
+    conv = [RunCheck("seed 2 softmax1/bos T32x128", True, "copy loss", "")]
+    interval = bootstrap_interval([0.994, 0.904, 0.006])
+
+    def row(emergence):
+        return lab_verdict(interval, "above", 0.0, FIDELITY["softmax1-no-sink"], conv, emergence)
+
+    kept_row = row([flat])  # the row's reason is the finding, not "no emergence"
+    assert kept_row.verdict == "inconclusive"
+    assert kept_row.reason.startswith("the variant kept the sink: seed 2 softmax1")
+    assert row([leaving]).reason.startswith("no emergence: ")

@@ -76,9 +76,10 @@ class ClaimsConfig:
     grid: int = 4
     probes: int = 8  # sensitivity: Hutchinson probes per query (0: exact Frobenius norms)
     density_lam: float = 0.5
-    cost_lengths: tuple[int, ...] = (16, 32, 64)
+    # sink-cheaper: T 16-256, 100 Adam steps per radius decide it (docs/claims.md, sizes)
+    cost_lengths: tuple[int, ...] = (16, 32, 64, 128, 256)
     cost_seeds: int = 3
-    cost_steps: int = 300  # Adam steps per radius (sinklab cost --steps)
+    cost_steps: int = 100  # Adam steps per radius (sinklab cost --steps)
     lab: str | None = None  # folder of lab runs (train.json files); None: train them (cached)
     lab_size: str = "full"  # the sizes of the trained lab runs: "full" or "quick" (LAB_SIZES)
     lab_steps: int | None = None  # override the lab size's steps

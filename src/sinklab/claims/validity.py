@@ -206,6 +206,10 @@ def lab_verdict(
     if not all(c.met for c in convergence):
         return Verdict("inconclusive", f"not converged: {_failing(convergence)}")
     if emergence and not all(c.met for c in emergence):
+        failing = [c for c in emergence if not c.met]
+        if all("settled with a first-token sink" in c.reason for c in failing):
+            # every failure is a variant that kept a flat sink: a finding about the claim
+            return Verdict("inconclusive", f"the variant kept the sink: {_failing(emergence)}")
         return Verdict("inconclusive", f"no emergence: {_failing(emergence)}")
     v = verdict(interval, direction, threshold)
     if v.verdict != "inconclusive" and settled is not None and not settled.met:

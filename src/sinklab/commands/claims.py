@@ -110,7 +110,9 @@ def claims(
             "(Jacobians are costly)."
         ),
     ] = 128,
-    cost_lengths: Annotated[str, typer.Option(help="Cost claim: context lengths T.")] = "16,32,64",
+    cost_lengths: Annotated[
+        str, typer.Option(help="Cost claim: context lengths T.")
+    ] = "16,32,64,128,256",
     cost_seeds: Annotated[
         int, typer.Option(help=f"Cost claim: fitting seeds (1..{MAX_CLAIMS_SIZES['cost_seeds']}).")
     ] = 3,
@@ -119,7 +121,7 @@ def claims(
         typer.Option(
             help=f"Cost claim: Adam steps per radius (1..{MAX_CLAIMS_SIZES['cost_steps']})."
         ),
-    ] = 300,
+    ] = 100,
     out: Annotated[
         Path | None, typer.Option("--out", "-o", help="Folder for claims.json and the figure.")
     ] = None,

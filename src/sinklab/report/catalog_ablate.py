@@ -14,7 +14,9 @@ from sinklab.report.stages import Stage, StageContext, StageOutput, reproduce_di
 
 MAX_ROWS = 40
 
-GEOMETRY_TEXTS = 3  # geometry: this many texts (plays of the default corpus, else windows)
+# the text experiments (geometry, density, sensitivity) read this many texts (the first plays of
+# the default corpus, else windows of the text), the claims stage the same ones (its samples)
+GEOMETRY_TEXTS = 3
 
 
 def _ablation_run(ctx: StageContext, name: str) -> Any:
@@ -189,7 +191,9 @@ def _cell(path: JsonPath, row: dict[str, Any], field: str) -> Cell:
 def _cost(name: str):
     def cost(c: ReportConfig) -> float:
         base = {"sensitivity": 10.0 * c.sensitivity_grid, "density": 20.0, "geometry": 6.0}
-        return base.get(name, 10.0) * (c.ablate_tokens / 256)
+        per_text = base.get(name, 10.0) * (c.ablate_tokens / 256)
+        # geometry's figure already counts its texts; density and sensitivity now read them too
+        return per_text * (GEOMETRY_TEXTS if name in ("density", "sensitivity") else 1)
 
     return cost
 

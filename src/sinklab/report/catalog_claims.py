@@ -45,9 +45,11 @@ def _params(ctx: StageContext) -> dict[str, Any]:
         "probes": AblationConfig().probes,  # the sensitivity stage's
         "q0": min(c.q0, tokens - 1),
         "eps": c.eps,
+        # sink-cheaper (issue 30 item 5): quick T 16-128 at 100 Adam steps per radius (29 CPU s
+        # for 3 seeds, AMD EPYC), full T 16-256 (docs/claims.md#sink-cheaper-sizes)
         "cost_seeds": 3,
-        "cost_lengths": "8,16" if c.quick else "16,32,64",
-        "cost_steps": 30 if c.quick else 300,
+        "cost_lengths": "16,32,64,128" if c.quick else "16,32,64,128,256",
+        "cost_steps": 100,
         "lab_size": "quick" if c.quick else "full",
         "lab_steps": c.lab_steps,
         "seed": c.seed,
