@@ -1,4 +1,5 @@
-"""What a SinkCache reports about its length, and how it is reused (docs/streaming.md#lengths-seen-and-kept)."""
+"""What a SinkCache reports about its length, and how it is reused
+(docs/streaming.md#lengths-seen-and-kept)."""
 
 from __future__ import annotations
 

@@ -288,7 +288,7 @@ def test_a_diagonal_head_is_no_sink_and_a_kept_sink_is_no_removal():
     # seed 2 of the quick plan: softmax1 kept its sink flat (0.991..0.993; 0.998 at 2,000 steps)
     flat = tailed([0.993, 0.993, 0.991, 0.993, 0.993])
     assert not flat.met and "settled with a first-token sink" in flat.reason
-    assert "unneeded, not absent" in flat.reason and "steps 800-1000" in flat.reason
+    assert "kept a flat first-token sink" in flat.reason and "steps 800-1000" in flat.reason
     leaving = tailed([0.9, 0.7, 0.5, 0.4, 0.35])  # on its way out: not settled, not a finding
     assert not leaving.met and "not settled" in leaving.reason
     conv = [RunCheck("seed 2 softmax1/bos T32x128", True, "copy loss", "")]

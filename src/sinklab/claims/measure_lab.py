@@ -147,12 +147,12 @@ class LabRun:
             return RunCheck(self.label, True, criterion)
         tail = self.tail(lambda c: number(c.get("backcopy") or {}, "first_token_mass_nontrigger"))
         if len(tail) >= MIN_TAIL and max(tail.values()) - min(tail.values()) <= BAND:
-            # not a sink on its way out: flat over the tail, the variant kept it (issue 30: the
-            # same at twice the steps); a finding about the claim, stated as one
+            # not a sink on its way out: flat over the tail, the variant kept it (the rule reads
+            # the tail only; it does not rerun at twice the steps); a finding about the claim
             lo, hi, first, end = min(tail.values()), max(tail.values()), min(tail), max(tail)
             why = (
                 f"settled with a first-token sink ({e.detail}; m {lo:.3g}..{hi:.3g} over steps "
-                f"{first}-{end}): the variant made the sink unneeded, not absent, on this seed"
+                f"{first}-{end}): the variant kept a flat first-token sink on this seed"
             )
         else:
             why = f"still carries a first-token sink ({e.detail}), not settled"
