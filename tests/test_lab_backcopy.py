@@ -149,6 +149,7 @@ def _independent(model: LabForCausalLM, ids: torch.Tensor, table) -> dict[str, l
                     w = e / denom
                     o = (w[:, None] * v[b, h, : i + 1].double()).sum(0).norm()
                     g = float(gate[b, h, i]) if gate is not None else 1.0
+                    acc["first_token_mass"].append(float(w[0]))  # every query t >= 1
                     if trig[b, i]:
                         acc["first_token_mass_trigger"].append(float(w[0]))
                         acc["prev_token_mass_trigger"].append(float(w[i - 1]))
