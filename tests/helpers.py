@@ -84,3 +84,29 @@ class Recorder(AttentionHandler):
 
     def weights(self, layer: int) -> torch.Tensor:
         return self.cat(layer, "weights")
+
+
+def await_side_venvs(timeout_s: float = 1800.0) -> None:
+    """When ``make test`` builds the side venvs (vLLM, lm-eval) in the background while the suite
+    runs, it names the file their build's exit status will be written to in
+    ``SINKLAB_SIDE_VENVS_RC``: wait for it (a test that needs a side venv then runs once it is
+    built, while the other worker goes on), and fail with the build log's tail if the build
+    failed. Without the variable (a venv built beforehand, or none): return at once."""
+    import os
+    import time
+    from pathlib import Path
+
+    import pytest
+
+    rc_file = os.environ.get("SINKLAB_SIDE_VENVS_RC")
+    if not rc_file:
+        return
+    path, start = Path(rc_file), time.monotonic()
+    while not path.is_file() or not path.read_text().strip():
+        if time.monotonic() - start > timeout_s:
+            pytest.fail(f"the side venvs' build did not finish in {timeout_s:.0f} s ({path})")
+        time.sleep(2.0)
+    if path.read_text().strip() != "0":
+        log = path.with_suffix(".log")
+        tail = log.read_text(errors="replace")[-2000:] if log.is_file() else "(no log)"
+        pytest.fail(f"building the side venvs failed (make side):\n{tail}")

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from helpers import await_side_venvs
 from serving import Served
 
 pytestmark = pytest.mark.integration
@@ -52,6 +53,7 @@ def _venv() -> Path:
 def lm_eval_bin() -> Path:
     if os.environ.get("SINKLAB_SKIP_LMEVAL") == "1":
         pytest.skip("SINKLAB_SKIP_LMEVAL=1: the lm-evaluation-harness test is skipped on request")
+    await_side_venvs()  # make test builds the venv while the suite runs
     exe = _venv() / "bin" / "lm_eval"
     if not exe.exists():
         pytest.fail(

@@ -26,6 +26,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from helpers import await_side_venvs
+
 ROOT = Path(__file__).resolve().parent.parent
 VLLM_PYTHON = ROOT / ".venv-vllm" / "bin" / "python"
 GREEDY = Path(__file__).resolve().parent / "vllm_env" / "greedy.py"
@@ -39,6 +41,7 @@ def vllm_py() -> Path:
     first by each test, so a skip or a failure comes before any model is loaded."""
     if os.environ.get("SINKLAB_SKIP_VLLM") == "1":
         pytest.skip("SINKLAB_SKIP_VLLM=1: the vLLM tests were asked to be skipped")
+    await_side_venvs()  # make test builds the venv while the suite runs
     if not VLLM_PYTHON.is_file():
         pytest.fail(f"no {VLLM_PYTHON}: run `make vllm-venv` (or SINKLAB_SKIP_VLLM=1 to skip)")
     return VLLM_PYTHON
