@@ -123,21 +123,31 @@ def refuse_unknown(data: dict[str, Any], known: set[str], refused: dict[str, Any
             raise _bad(name, refused[name][1], "unsupported_parameter")
 
 
-def parse(body: bytes) -> tuple[CompletionRequest, ChatRequest]:
-    """The request (its own fields, and the sampling ones as the chat route reads them)."""
+def parse_route(
+    body: bytes, model: type[Any], shared: tuple[str, ...], refused: dict[str, Any]
+) -> tuple[Any, ChatRequest]:
+    """A stateless route's request read strictly as ``model``, its unknown or refused fields a
+    400, and its ``shared`` sampling fields read exactly as the chat route reads them (so one
+    value means one thing on every route)."""
     data = load_json(body)
     if not isinstance(data, dict):
         raise ApiError(400, "the request body must be a JSON object", code="invalid_json")
-    refuse_unknown(data, set(CompletionRequest.model_fields) | set(SHARED), REFUSED)
+    refuse_unknown(data, set(model.model_fields) | set(shared), refused)
     try:
-        req = CompletionRequest.model_validate(data, strict=True)
-        shared = {k: data[k] for k in SHARED if k in data}
+        req = model.model_validate(data, strict=True)
+        picked = {k: data[k] for k in shared if k in data}
         chat = ChatRequest.model_validate(
-            {"model": req.model, "messages": [{"role": "user", "content": "-"}], **shared},
+            {"model": req.model, "messages": [{"role": "user", "content": "-"}], **picked},
             strict=True,  # as the chat route reads them: no "2" for 2, no true for 1
         )
     except ValidationError as err:
         raise validation_error(err) from None
+    return req, chat
+
+
+def parse(body: bytes) -> tuple[CompletionRequest, ChatRequest]:
+    """The request (its own fields, and the sampling ones as the chat route reads them)."""
+    req, chat = parse_route(body, CompletionRequest, SHARED, REFUSED)
     if req.stream_options is not None and not req.stream:
         raise _bad("stream_options", "only with stream: true")
     return req, chat

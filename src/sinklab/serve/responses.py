@@ -25,18 +25,17 @@ from typing import Any
 
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 
 from sinklab.errors import SinklabError
 from sinklab.serve.completions import (
     Host,
     check_model,
-    refuse_unknown,
+    parse_route,
     scorer_of,
     temperature_of,
-    validation_error,
 )
-from sinklab.serve.protocol import ApiError, ChatRequest, load_json
+from sinklab.serve.protocol import ApiError, ChatRequest
 from sinklab.serve.scoring import Prompt, Task
 
 SHARED = ("temperature", "top_p", "user")  # checked as the chat route checks them
@@ -137,19 +136,7 @@ class Responses:
         self.server = server
 
     def _parse(self, body: bytes) -> tuple[_Req, ChatRequest, list[dict[str, str]]]:
-        data = load_json(body)
-        if not isinstance(data, dict):
-            raise ApiError(400, "the request body must be a JSON object", code="invalid_json")
-        refuse_unknown(data, set(_Req.model_fields) | set(SHARED), REFUSED)
-        try:
-            req = _Req.model_validate(data, strict=True)
-            shared = {k: data[k] for k in SHARED if k in data}
-            chat = ChatRequest.model_validate(
-                {"model": req.model, "messages": [{"role": "user", "content": "-"}], **shared},
-                strict=True,  # as the chat route reads them: no "2" for 2, no true for 1
-            )
-        except ValidationError as err:
-            raise validation_error(err) from None
+        req, chat = parse_route(body, _Req, SHARED, REFUSED)
         if req.text is not None and req.text not in TEXT_FORMAT:
             raise _bad("text", "only plain text output ({'format': {'type': 'text'}}) is "
                        "supported", "unsupported_parameter")  # fmt: skip
