@@ -13,6 +13,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from vllm_helpers import vllm_py  # noqa: F401  (the vLLM test files' fixture)
+
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 # lab runs the claims train go to a cache of the test session (removed at exit), never the user's

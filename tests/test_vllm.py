@@ -18,7 +18,6 @@ says so."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -26,25 +25,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from helpers import await_side_venvs
+from vllm_helpers import VLLM_PYTHON, first_difference, run_json
 
-ROOT = Path(__file__).resolve().parent.parent
-VLLM_PYTHON = ROOT / ".venv-vllm" / "bin" / "python"
 GREEDY = Path(__file__).resolve().parent / "vllm_env" / "greedy.py"
 NEW_TOKENS = 64
 pytestmark = pytest.mark.vllm
-
-
-@pytest.fixture
-def vllm_py() -> Path:
-    """The venv's interpreter, or a skip only when SINKLAB_SKIP_VLLM=1 asks for one. Requested
-    first by each test, so a skip or a failure comes before any model is loaded."""
-    if os.environ.get("SINKLAB_SKIP_VLLM") == "1":
-        pytest.skip("SINKLAB_SKIP_VLLM=1: the vLLM tests were asked to be skipped")
-    await_side_venvs()  # make test builds the venv while the suite runs
-    if not VLLM_PYTHON.is_file():
-        pytest.fail(f"no {VLLM_PYTHON}: run `make vllm-venv` (or SINKLAB_SKIP_VLLM=1 to skip)")
-    return VLLM_PYTHON
 
 
 def vllm_greedy(
@@ -52,7 +37,7 @@ def vllm_greedy(
 ) -> list[list[int]]:
     """Greedy tokens from plain vLLM in its own process and venv."""
     request = {"model": str(folder), "prompts": prompts, "max_tokens": max_tokens}
-    return _run_json(python, GREEDY, request)["tokens"]
+    return run_json(python, GREEDY, request)["tokens"]
 
 
 def hf_greedy(model, prompts: list[list[int]], max_tokens: int) -> list[list[int]]:
@@ -79,10 +64,6 @@ def _prompts(tokenizer) -> list[list[int]]:
     return [ids[:37], ids[:200]]  # two lengths in one vLLM batch
 
 
-def _first_difference(a: list[int], b: list[int]) -> int:
-    return next((i for i, (x, y) in enumerate(zip(a, b, strict=True)) if x != y), len(a))
-
-
 def _check(python: Path, loaded) -> None:
     from sinklab.models.zoo import ZOO, dequantized_dir
 
@@ -92,7 +73,7 @@ def _check(python: Path, loaded) -> None:
     theirs = hf_greedy(loaded.model, prompts, NEW_TOKENS)
     for v, h in zip(ours, theirs, strict=True):
         assert len(v) == len(h) == NEW_TOKENS, (len(v), len(h))
-        where = _first_difference(v, h)
+        where = first_difference(v, h)
         print(f"{loaded.info.name}: vLLM equals transformers on {where}/{NEW_TOKENS} tokens")
         assert v == h, f"greedy tokens differ from token {where}: {v[where:]} vs {h[where:]}"
     assert len(set(ours[1])) > 8, ours  # text, not one token over and over
@@ -119,40 +100,22 @@ def test_the_venv_is_vllm_beside_its_own_transformers(vllm_py):
     assert sys.executable != str(VLLM_PYTHON)
 
 
-def _run_json(python: Path, script: Path, request: object) -> object:
-    """Run ``script`` in vLLM's venv on ``request`` (JSON on stdin); its ``SINKLAB-RESULT`` line."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "VIRTUAL_ENV"))}
-    proc = subprocess.run(
-        [str(python), str(script)],
-        input=json.dumps(request),
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env=env,
-        cwd=ROOT,
-    )
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("SINKLAB-RESULT ")]
-    assert len(lines) == 1, proc.stdout[-2000:]
-    return json.loads(lines[0].removeprefix("SINKLAB-RESULT "))
-
-
 REFUSALS = Path(__file__).resolve().parent / "vllm_env" / "refusals.py"
 SINK = {"n_sink": 4, "window": 252}
 EAGER = {"enforce_eager": True, "enable_prefix_caching": False, "dtype": "float32"}
-NOT_BUILT = "the sink + window eviction itself is not built in sinklab-vllm 0.1 yet"
 
 
 def vllm_configs(python: Path, cases: list[dict]) -> list[dict]:
     """vLLM's verdict on each engine configuration (no engine started), from its own venv."""
-    return _run_json(python, REFUSALS, cases)
+    return run_json(python, REFUSALS, cases)
 
 
 def test_the_plugin_refuses_what_it_cannot_run_exactly(vllm_py, tmp_path):
     """The installed plugin (entry point vllm.general_plugins) checks vLLM's final configuration
     when additional_config has "sinklab": each unsupported setting is refused naming it, bad
-    options are refused, and (0.1) a configuration that passes is refused as not built yet, never
-    accepted and ignored. Without the key vLLM accepts the configuration as before."""
+    options are refused, and a configuration that passes every check is accepted (the eviction
+    runs: test_the_plugin_streams_exactly_as_sinklab_*). Without the key vLLM accepts the
+    configuration as before."""
     from sinklab.models.zoo import ZOO, dequantized_dir, is_ready
 
     smol, qwen = (dequantized_dir(ZOO[name]) for name in ("smollm2-135m", "qwen2.5-0.5b"))
@@ -163,15 +126,21 @@ def test_the_plugin_refuses_what_it_cannot_run_exactly(vllm_py, tmp_path):
     config.update(model_type="mistral", architectures=["MistralForCausalLM"], sliding_window=None)
     (mistral / "config.json").write_text(json.dumps(config))
 
-    def case(model: Path, options: dict | None = SINK, **kwargs) -> dict:
+    def case(model: Path, options: dict | None = SINK, env: dict | None = None, **kwargs) -> dict:
         extra = {} if options is None else {"additional_config": {"sinklab": options}}
-        return {"model": str(model), "kwargs": {**EAGER, **extra, **kwargs}}
+        return {"model": str(model), "env": env or {}, "kwargs": {**EAGER, **extra, **kwargs}}
 
     dynamic = {"rope_type": "dynamic", "factor": 2.0, "rope_theta": 100000.0}
     table = [
         (case(smol, None), None),  # plugin off: plain vLLM, accepted
-        (case(smol), NOT_BUILT),
-        (case(qwen), NOT_BUILT),
+        (case(smol), None),  # plugin on, nothing refused: accepted (docs/vllm.md#wiring)
+        (case(qwen), None),
+        # past the model's positions: the rebase runs it (vLLM itself asks for the variable)
+        (case(smol, max_model_len=16384, env={"VLLM_ALLOW_LONG_MAX_MODEL_LEN": "1"}), None),
+        (
+            case(smol, {"n_sink": 4, "window": 8188}),
+            "n_sink + window = 8192 must be below the model's 8192 positions",
+        ),
         (case(smol, enable_prefix_caching=True), "prefix caching is refused"),
         (case(smol, enforce_eager=False), "CUDA graphs and torch.compile are refused"),
         (
@@ -245,7 +214,7 @@ def test_the_key_mover_is_vllms_rope_and_sinklabs_shift(vllm_py, smollm2):
         {"name": kind, "config": {**base, "rope_parameters": params}, "seed": 10 + i}
         for i, (kind, params) in enumerate(scaled.items())
     ]
-    results = _run_json(vllm_py, ROTARY, cases)
+    results = run_json(vllm_py, ROTARY, cases)
     for r in results:
         bound = r["max_key"] * 2**-23 * r["far_positions"] + 1e-5
         print(
@@ -298,7 +267,7 @@ def test_the_block_manager_frees_exactly_what_sinklab_evicts(vllm_py):
         }
         for bs in (128, 32)
     ]
-    results = _run_json(vllm_py, BLOCKS, runs)
+    results = run_json(vllm_py, BLOCKS, runs)
     sinks = tuple(range(n_sink))
     for spec, result in zip(runs, results, strict=True):
         bs = spec["block_size"]
@@ -337,7 +306,7 @@ def test_the_kv_cache_reads_back_what_vllm_wrote(vllm_py, smollm2):
     folder = dequantized_dir(ZOO[smollm2.info.name], smollm2.info.weights_sha256)
     ids = token_stream(load_text(), smollm2.tokenizer, 200).tolist()
     request = {"model": str(folder), "prompts": [ids[:37], ids], "max_tokens": 12}
-    result = _run_json(vllm_py, LAYOUT, request)
+    result = run_json(vllm_py, LAYOUT, request)
     print(f"layout: {result}")
     assert result["isa"] == "vec", f"only the vec layout is read (this machine: {result['isa']})"
     assert result["forwards"] == 12
@@ -369,7 +338,7 @@ def test_sink_attention_equals_vllms_kernel_before_eviction(vllm_py, smollm2):
     requests, 11 decode steps: 660 queries), equals vLLM's CPU kernel while nothing is evicted
     (4 + 252 covers every position)."""
     request = _attention_request(smollm2, None, [{"n_sink": 4, "window": 252}])
-    (result,) = _run_json(vllm_py, ATTENTION, request)
+    (result,) = run_json(vllm_py, ATTENTION, request)
     print(f"sink_attention vs vLLM's kernel: {result}")
     assert result["queries"] == 2 * 11 * 30 and result["evicted"] == 0
     assert result["kept"] == 200 + 11  # the longest request's last query sees everything
@@ -385,7 +354,7 @@ def test_window_attention_equals_vllms_sliding_window_kernel(vllm_py, smollm2):
     gap (the move) is pinned separately, bit-equal to sinklab's."""
     variants = [{"n_sink": 0, "window": 39}, {"n_sink": 0, "window": 40}]
     overrides = {"layer_types": ["sliding_attention"] * 30, "sliding_window": 40}
-    right, off_by_one = _run_json(
+    right, off_by_one = run_json(
         vllm_py, ATTENTION, _attention_request(smollm2, overrides, variants)
     )
     print(f"window 39 vs vLLM's sliding window 40: {right}; window 40: {off_by_one}")

@@ -2,7 +2,8 @@
 installed, and report for each whether vLLM accepted it or the error it raised. Run inside
 .venv-vllm, never in sinklab's venv (docs/vllm.md#refuses).
 
-Reads a JSON list on stdin: ``[{"model": FOLDER, "kwargs": {EngineArgs fields...}}, ...]``;
+Reads a JSON list on stdin: ``[{"model": FOLDER, "env": {VAR: value}, "kwargs": {EngineArgs
+fields...}}, ...]`` (``env`` set for that case only);
 writes ``SINKLAB-RESULT [{"ok": true} | {"ok": false, "error": "..."}]`` as one line of stdout."""
 
 from __future__ import annotations
@@ -28,12 +29,21 @@ def main() -> None:
 
     out = []
     for case in cases:
+        env = case.get("env") or {}
+        saved = {k: os.environ.get(k) for k in env}
+        os.environ.update(env)
         try:
             EngineArgs(model=case["model"], **case["kwargs"]).create_engine_config()
         except Exception as exc:  # what vLLM raises is the result under test
             out.append({"ok": False, "type": type(exc).__name__, "error": str(exc)})
         else:
             out.append({"ok": True})
+        finally:
+            for k, v in saved.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
     print("SINKLAB-RESULT " + json.dumps(out), flush=True)
 
 

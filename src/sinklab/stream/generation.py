@@ -189,9 +189,12 @@ def generate(
     config: GenerateConfig,
     on_text: Callable[[str], None] | None = None,
     on_token: Callable[[int], None] | None = None,
+    on_logits: Callable[[Tensor], None] | None = None,
 ) -> GenerateResult:
     """Continue ``prompt_ids`` (T,) with a sink cache, positions bounded: -> the new tokens,
-    streamed to ``on_text`` as text pieces; ``on_token(n_generated)`` after each token."""
+    streamed to ``on_text`` as text pieces; ``on_token(n_generated)`` after each token;
+    ``on_logits(logits)`` with each step's logits (V,) before its token is chosen (what another
+    engine's log-probabilities are checked against)."""
     cache = SinkCache(model, CacheConfig("sink", config.n_sink, config.window))
     prompt = torch.as_tensor(prompt_ids).reshape(-1).tolist()
     if not prompt:
@@ -206,6 +209,8 @@ def generate(
     read = read_rows(model, cache, [prompt], config.prefill_chunk)
     logits, top = read.logits[0], read.top_position[0]
     while True:
+        if on_logits is not None:
+            on_logits(logits)
         tok = int(next_token(logits[None], config.temperature, gen)[0])
         tokens.append(tok)
         if on_text is not None and (piece := text.push([tok])):

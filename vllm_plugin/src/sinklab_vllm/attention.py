@@ -8,14 +8,15 @@ blocks and the tails of partially evicted blocks are never read. Once a gap has 
 (``t > n_sink + window``) the sink keys are moved by ``delta = t - n_sink - window`` positions
 (:class:`sinklab_vllm.rotary.KeyMover`, from the cached key each time), which puts them just
 before the window, where StreamingLLM's cache-relative positions put them. This module is plain
-PyTorch (a reference path, not a fast kernel) and is not wired into an engine yet."""
+PyTorch (a reference path, not a fast kernel); :mod:`sinklab_vllm.backend` calls it for every
+query past the window."""
 
 from __future__ import annotations
 
 import torch
 from torch import Tensor
 
-from sinklab_vllm.cache import gather
+from sinklab_vllm.cache import gather, key_value_caches
 from sinklab_vllm.rotary import KeyMover
 
 
@@ -52,3 +53,74 @@ def sink_attention(
     scores = torch.einsum("hd,khd->hk", query.float(), keys) * scale
     weights = scores.softmax(dim=-1)
     return torch.einsum("hk,khd->hd", weights, values).to(query.dtype)
+
+
+def rotated_at(positions: Tensor, capacity: int, max_position: int | None) -> Tensor:
+    """The RoPE position the plugin gives stream ``positions`` (docs/vllm.md#positions): the
+    position itself below ``max_position`` (or always, when ``None``); past it, the rebase wraps
+    it back to ``capacity`` (``n_sink + window``) and on, once every ``max_position - capacity``
+    steps, so no query or key is ever rotated at ``max_position`` or beyond. Only differences of
+    positions enter attention, and the backend moves each kept key to its StreamingLLM
+    distance from the query, so the wrap changes no score."""
+    if max_position is None:
+        return positions
+    wrapped = capacity + (positions - capacity).remainder(max_position - capacity)
+    return torch.where(positions < capacity, positions, wrapped)
+
+
+def sink_attention_many(
+    queries: Tensor,
+    kv_cache: Tensor,
+    block_rows: Tensor,
+    positions: Tensor,
+    n_sink: int,
+    window: int,
+    mover: KeyMover,
+    scale: float,
+    max_position: int | None = None,
+) -> Tensor:
+    """:func:`sink_attention` for many queries at once, each past the window: ``queries``
+    ``(Q, num_heads, head_size)``, query ``i`` at stream position ``positions[i] > n_sink +
+    window`` of the request whose block-table row is ``block_rows[i]``. Every such query attends
+    to the same number of slots (``n_sink + window + 1``), so one gather and one batched softmax
+    serve them all: what the backend runs for a layer's evicted queries.
+
+    With ``max_position`` the queries and keys were rotated at :func:`rotated_at` of their
+    positions (the rebase): a sink is moved by ``r(s) - n_sink - window`` (``r(s)`` the query's
+    rotation position), a window key at ``p`` by ``b(p) - b(s)`` (``b(x) = x - r(x)``, zero
+    unless a wrap lies between them), which puts every key at its StreamingLLM distance."""
+    capacity = n_sink + window
+    if bool((positions <= capacity).any()):
+        raise ValueError("sink_attention_many takes only queries past the window")
+    keys_cache, values_cache = key_value_caches(kv_cache)
+    block_size = values_cache.shape[2]
+    sinks = torch.arange(n_sink, device=positions.device)
+    recent = torch.arange(-window, 1, device=positions.device)  # the window, then the query
+    slots = torch.cat(  # (Q, K) stream positions
+        (sinks.expand(len(positions), -1), positions[:, None] + recent[None, :]), dim=1
+    ).to(block_rows.dtype)
+    blocks = torch.gather(block_rows, 1, slots // block_size)
+    offsets = slots % block_size
+    keys = keys_cache[blocks, :, :, offsets]  # (Q, K, kv_heads, D)
+    values = values_cache[blocks, :, offsets]
+    r = rotated_at(positions, capacity, max_position)
+    shift = torch.zeros(slots.shape, dtype=torch.long, device=positions.device)
+    shift[:, :n_sink] = (r - capacity)[:, None]
+    if max_position is not None:
+        recent_slots = slots[:, n_sink:].long()
+        b_key = recent_slots - rotated_at(recent_slots, capacity, max_position)
+        shift[:, n_sink:] = b_key - (positions - r)[:, None]
+    moving = shift.ne(0).any(dim=0)  # the columns with a key to move (the sinks, after a wrap)
+    if bool(moving.any()):
+        part = keys[:, moving]
+        moved = mover.move(part.reshape(-1, *part.shape[2:]), shift[:, moving].reshape(-1))
+        keys = keys.clone()
+        keys[:, moving] = moved.view(part.shape)
+    n_q, heads, head_size = queries.shape
+    kv_heads = keys.shape[2]
+    # GQA without copying keys per query head: each KV head's query heads in one matmul
+    grouped = queries.float().view(n_q, kv_heads, heads // kv_heads, head_size)
+    scores = torch.matmul(grouped, keys.float().permute(0, 2, 3, 1)) * scale  # (Q, kv, g, K)
+    weights = scores.softmax(dim=-1)
+    out = torch.matmul(weights, values.float().permute(0, 2, 1, 3))  # (Q, kv, g, D)
+    return out.reshape(n_q, heads, head_size).to(queries.dtype)

@@ -7,16 +7,16 @@ untouched). Before the token at position ``t`` is computed, it attends to the si
 ``sinklab.stream.policy.kept_positions(t, ...)`` plus ``t`` itself), so every whole block inside the
 gap ``[ceil(n_sink / B) * B, t - window)`` is freed and replaced by vLLM's ``null_block``, exactly
 as vLLM's own ``RSWAManager`` frees its gap. Slots evicted inside a block that is still held (the
-sink block's tail, the oldest window block's head) stay allocated; the attention side must mask
-them (not built yet).
+sink block's tail, the oldest window block's head) stay allocated; the attention side never reads
+them (:mod:`sinklab_vllm.backend` gathers exactly the kept slots).
 
 Per request at most :meth:`SinkWindowSpec.max_blocks` blocks are held, however long it runs.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, fields
+from typing import Any, Self
 
 from vllm.utils.math_utils import cdiv
 from vllm.v1.core.single_type_kv_cache_manager import FullAttentionManager
@@ -38,6 +38,21 @@ class SinkWindowSpec(FullAttentionSpec):
 
     def max_memory_usage_bytes(self, vllm_config: Any) -> int:
         return self.max_blocks() * self.page_size_bytes
+
+    @classmethod
+    def merge(cls, specs: list[Self]) -> Self:
+        """One spec for a group of layers: :class:`FullAttentionSpec`'s merge, with the one
+        ``(n_sink, window)`` every layer of the group must share."""
+        sizes = {(s.n_sink, s.window) for s in specs}
+        if len(sizes) != 1:
+            raise ValueError(
+                "sinklab: the layers of one KV cache group differ in (n_sink, window): "
+                f"{sorted(sizes)}"
+            )
+        merged = FullAttentionSpec.merge(specs)
+        values = {f.name: getattr(merged, f.name) for f in fields(merged) if f.init}
+        ((n_sink, window),) = sizes
+        return cls(**values, n_sink=n_sink, window=window)
 
 
 class SinkWindowManager(FullAttentionManager):

@@ -42,6 +42,13 @@ def _sliding(hf_config: Any) -> str | None:
 def refusal(vllm_config: Any, options: SinkOptions) -> str | None:
     """The first reason the plugin cannot run ``vllm_config`` with ``options`` exactly, or
     ``None`` when nothing in it is refused."""
+    from vllm.platforms import current_platform
+
+    if not current_platform.is_cpu():
+        return (
+            "only vLLM's CPU build is supported in this version (the CUDA attention path is not "
+            "built yet, docs/vllm.md#status); remove additional_config['sinklab']"
+        )
     model = vllm_config.model_config
     hf = model.hf_text_config
     family = getattr(hf, "model_type", None)
@@ -82,6 +89,13 @@ def refusal(vllm_config: Any, options: SinkOptions) -> str | None:
         return (
             f"dtype {model.dtype} is refused: only float32 KV caches have been read back "
             "(docs/vllm.md#layout); pass dtype='float32'"
+        )
+    limit = getattr(hf, "max_position_embeddings", None)
+    if limit is not None and options.capacity >= int(limit):
+        return (
+            f"n_sink + window = {options.capacity} must be below the model's {limit} positions "
+            "(the rebase wraps positions back to n_sink + window, docs/vllm.md#positions); "
+            "pass a smaller window"
         )
     if vllm_config.cache_config.cache_dtype != "auto":
         return (

@@ -1,0 +1,322 @@
+"""The sinklab-vllm plugin wired into a running vLLM engine, against sinklab's own
+``SinkCache`` (docs/vllm.md#wiring-tests): greedy tokens and every step's log-probability over
+1,000 tokens past the first eviction (SmolLM2, two requests in one batch; Qwen2.5 alone, blocks
+of 32), the KV blocks each request holds, plain vLLM as the control, and a prompt longer than
+the cache. Apart from tests/test_vllm.py so that xdist (one file a worker) runs the two side by
+side. vLLM runs in its own venv (``tests/vllm_env/stream.py``); see tests/vllm_helpers.py."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from torch import Tensor
+
+from vllm_helpers import VLLM_ENV, first_difference, run_json
+
+pytestmark = pytest.mark.vllm
+
+STREAM = VLLM_ENV / "stream.py"
+
+
+def _gaps(logprobs: list[float], steps: list[Tensor], tokens: list[int]) -> list[float]:
+    """Per step, |vLLM's log-probability of the chosen token - sinklab's|."""
+    return [abs(lp - float(st[tok])) for lp, st, tok in zip(logprobs, steps, tokens, strict=True)]
+
+
+PAST_EVICTION = 1000  # greedy tokens compared after the first eviction (issue 32)
+CONTROL_STEPS = 64  # tokens past the first eviction that plain vLLM scores (the control)
+LOGPROB_TOL = 1e-3  # per step, the chosen token's log-probability, vLLM vs SinkCache (float32)
+
+
+def _stream_check(
+    python: Path, loaded, n_sink: int, window: int, block_size: int, together: bool
+) -> None:
+    """vLLM with the plugin on equals ``sinklab.stream.generation.generate`` (a ``SinkCache``,
+    the same ``n_sink`` and ``window``), greedy, token for token, for at least
+    ``PAST_EVICTION`` tokens past the first eviction (``together``: two requests of different
+    lengths in one batch, else one alone), and every step's log-probability of the chosen token
+    within ``LOGPROB_TOL``; each request's real KV blocks reach the plugin's bound and never pass
+    it; and plain vLLM (full attention), scoring the stream's own tokens, equals its
+    log-probabilities before the first eviction and leaves them after, so the check tells the
+    eviction apart from full attention even where the greedy text repeats a phrase
+    (docs/vllm.md#wiring-tests)."""
+    from sinklab.corpus import load_text, token_stream
+    from sinklab.models.zoo import ZOO, dequantized_dir
+    from sinklab.stream.generation import GenerateConfig, generate
+
+    folder = dequantized_dir(ZOO[loaded.info.name], loaded.info.weights_sha256)
+    ids = token_stream(load_text(), loaded.tokenizer, 400).tolist()
+    # both prompts fit before any eviction: sinklab reads a prompt at once, vLLM's queries see
+    # everything before them, the same attention (docs/vllm.md#wiring says what longer ones do)
+    prompts = [ids[:37], ids[: n_sink + window - 8]] if together else [ids[:37]]
+    capacity = n_sink + window
+    new = capacity + 2 - len(prompts[0]) + PAST_EVICTION  # see first_evicted below
+    request = {
+        "model": str(folder),
+        "prompts": prompts,
+        "max_tokens": new,
+        "n_sink": n_sink,
+        "window": window,
+        "block_size": block_size,
+        "max_model_len": 2048,
+    }
+    ours = run_json(python, STREAM, request)
+    assert ours["spec"] == "SinkWindowSpec", ours["spec"]
+    cfg = GenerateConfig(max_new_tokens=new, n_sink=n_sink, window=window, stop_at_eos=False)
+    refs, ref_logprobs = [], []
+    for p in prompts:
+        steps: list[Tensor] = []
+        refs.append(
+            generate(
+                loaded.model,
+                loaded.tokenizer,
+                torch.tensor(p),
+                cfg,
+                on_logits=lambda x, steps=steps: steps.append(x.double().log_softmax(-1)),
+            ).new_tokens
+        )
+        ref_logprobs.append(steps)
+    # the control: plain vLLM (full attention) scores the stream's own tokens, teacher-forced,
+    # up to just past the first eviction of the shortest prompt
+    ends = [capacity + 2 + CONTROL_STEPS for _ in prompts]
+    scored = [p + r[: end - len(p)] for p, r, end in zip(prompts, refs, ends, strict=True)]
+    plain = run_json(python, STREAM, request | {"n_sink": None, "window": None, "score": scored})
+    rows = zip(
+        prompts, ours["tokens"], ours["logprobs"], refs, ref_logprobs, plain["scores"], strict=True
+    )
+    for prompt, v, v_logprobs, ref, steps, full_scores in rows:
+        # new token k is the query at position len(prompt) + k - 1: past the window from here
+        first_evicted = capacity + 2 - len(prompt)
+        assert len(v) == len(ref) == new and new - first_evicted >= PAST_EVICTION
+        where = first_difference(v, ref)
+        gaps = _gaps(v_logprobs, steps, v)
+        worst = max(range(new), key=gaps.__getitem__)
+        # new token k sits at position len(prompt) + k of the scored sequence
+        full = [
+            abs(lp - float(st[tok]))
+            for lp, st, tok in zip(full_scores[len(prompt) :], steps, ref, strict=False)
+        ]
+        before, after = max(full[:first_evicted]), max(full[first_evicted:])
+        print(
+            f"{loaded.info.name} {n_sink}+{window} B={block_size}, prompt {len(prompt)}: plugin "
+            f"equals sinklab on {where}/{new} tokens ({new - first_evicted} past eviction), "
+            f"log-probabilities within {gaps[worst]:.1e} (token {worst}); plain vLLM on the "
+            f"same tokens: within {before:.1e} before eviction, {after:.1e} after"
+        )
+        assert v == ref, (
+            f"tokens differ from {where}: {v[where : where + 8]} vs {ref[where : where + 8]}"
+        )
+        # every step's numbers, not only its argmax (a repeating phrase would hide small errors)
+        assert gaps[worst] < LOGPROB_TOL, (worst, gaps[worst])
+        assert before < LOGPROB_TOL, before  # full attention is the stream until it evicts
+        assert after > 10 * LOGPROB_TOL, after  # and is not once it has
+    bound = ours["bound"]
+    assert bound == -(-n_sink // block_size) + -(-(window + 1) // block_size) + 1
+    assert ours["max_blocks"] == [bound] * len(prompts), (ours["max_blocks"], bound)
+
+
+@pytest.mark.integration
+def test_the_plugin_streams_exactly_as_sinklab_on_smollm2(vllm_py, smollm2):
+    _stream_check(vllm_py, smollm2, n_sink=4, window=252, block_size=128, together=True)
+
+
+@pytest.mark.integration
+def test_the_plugin_streams_exactly_as_sinklab_on_qwen25_alone_small_blocks(vllm_py):
+    from sinklab.models.loading import load_model
+
+    qwen = load_model("qwen2.5-0.5b")
+    _stream_check(vllm_py, qwen, n_sink=4, window=124, block_size=32, together=False)
+
+
+@pytest.mark.integration
+def test_the_plugin_reads_a_long_prompt_as_sinklab_reads_it_token_by_token(vllm_py, smollm2):
+    """A prompt three times the cache: the plugin attends each prompt token past the window as a
+    decode query (sinks + the ``window`` before it, all of a chunk's such queries batched), which
+    is ``generate`` reading the prompt one token a forward (``prefill_chunk=1``). Greedy tokens
+    equal and every step's log-probability within ``LOGPROB_TOL``; with sinklab's default prompt
+    reading (pieces fitted into the cache, docs/vllm.md#wiring) the numbers differ, which the
+    test shows too, so it can tell the two apart."""
+    from sinklab.corpus import load_text, token_stream
+    from sinklab.models.zoo import ZOO, dequantized_dir
+    from sinklab.stream.generation import GenerateConfig, generate
+
+    n_sink, window, new = 4, 124, 48
+    folder = dequantized_dir(ZOO[smollm2.info.name], smollm2.info.weights_sha256)
+    prompt = token_stream(load_text(), smollm2.tokenizer, 400).tolist()[:384]
+    request = {
+        "model": str(folder),
+        "prompts": [prompt],
+        "max_tokens": new,
+        "n_sink": n_sink,
+        "window": window,
+        "block_size": 32,
+        "max_model_len": 1024,
+    }
+    ours = run_json(vllm_py, STREAM, request)
+
+    def reference(prefill_chunk: int) -> tuple[list[int], list[Tensor]]:
+        steps: list[Tensor] = []
+        cfg = GenerateConfig(
+            max_new_tokens=new, n_sink=n_sink, window=window, stop_at_eos=False,
+            prefill_chunk=prefill_chunk,
+        )  # fmt: skip
+        on_logits = lambda x: steps.append(x.double().log_softmax(-1))  # noqa: E731
+        res = generate(
+            smollm2.model, smollm2.tokenizer, torch.tensor(prompt), cfg, on_logits=on_logits
+        )
+        return res.new_tokens, steps
+
+    ref, steps = reference(1)
+    tokens, logprobs = ours["tokens"][0], ours["logprobs"][0]
+    where = first_difference(tokens, ref)
+    gaps = _gaps(logprobs, steps, tokens)
+    _, chunked = reference(256)
+    chunked_gap = max(_gaps(logprobs[:1], chunked[:1], tokens[:1]))
+    print(
+        f"long prompt {len(prompt)} ({n_sink}+{window}): plugin equals token-by-token sinklab on "
+        f"{where}/{new} tokens, log-probabilities within {max(gaps):.1e}; sinklab's default "
+        f"prompt reading differs by {chunked_gap:.1e} at the first token"
+    )
+    assert tokens == ref, f"tokens differ from {where}"
+    assert max(gaps) < LOGPROB_TOL, max(gaps)
+    assert chunked_gap > 10 * LOGPROB_TOL, chunked_gap
+
+
+@pytest.mark.integration
+def test_the_plugin_rebases_positions_past_the_models_table_exactly(vllm_py, smollm2):
+    """The rebase: SmolLM2 told it has 384 positions (``hf_overrides``; its RoPE table then ends
+    there) streams 1,200 tokens with 4 + 124 kept, so RoPE positions wrap back to 128 four times
+    (docs/vllm.md#positions). Tokens and every step's log-probability still equal ``generate``
+    (whose positions never pass n_sink + window). Without the rebase a position past 384 would
+    index past vLLM's table."""
+    from sinklab.corpus import load_text, token_stream
+    from sinklab.models.zoo import ZOO, dequantized_dir
+    from sinklab.stream.generation import GenerateConfig, generate
+
+    n_sink, window, new, table = 4, 124, 1200, 384
+    folder = dequantized_dir(ZOO[smollm2.info.name], smollm2.info.weights_sha256)
+    prompt = token_stream(load_text(), smollm2.tokenizer, 100).tolist()[:37]
+    request = {
+        "model": str(folder),
+        "prompts": [prompt],
+        "max_tokens": new,
+        "n_sink": n_sink,
+        "window": window,
+        "block_size": 32,
+        "max_model_len": 2048,
+        "hf_overrides": {"max_position_embeddings": table},
+        "env": {"VLLM_ALLOW_LONG_MAX_MODEL_LEN": "1"},
+    }
+    ours = run_json(vllm_py, STREAM, request)
+    steps: list[Tensor] = []
+    cfg = GenerateConfig(max_new_tokens=new, n_sink=n_sink, window=window, stop_at_eos=False)
+    ref = generate(
+        smollm2.model, smollm2.tokenizer, torch.tensor(prompt), cfg,
+        on_logits=lambda x: steps.append(x.double().log_softmax(-1)),
+    ).new_tokens  # fmt: skip
+    tokens = ours["tokens"][0]
+    wraps = (len(prompt) + new - table) // (table - n_sink - window) + 1
+    where = first_difference(tokens, ref)
+    gaps = _gaps(ours["logprobs"][0], steps, tokens)
+    print(
+        f"rebase ({table} positions, {wraps} wraps): plugin equals sinklab on {where}/{new} "
+        f"tokens, log-probabilities within {max(gaps):.1e}"
+    )
+    assert wraps >= 4
+    assert tokens == ref, f"tokens differ from {where}"
+    assert max(gaps) < LOGPROB_TOL, max(gaps)
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.integration
+def test_vllm_serve_with_the_plugin_answers_the_openai_client_as_sinklab_streams(
+    vllm_py, smollm2, tmp_path
+):
+    """``vllm serve`` (its API server and engine core in separate processes, each loading the
+    plugin) with ``--additional-config '{"sinklab": ...}'``: the official ``openai`` client's
+    greedy completion of a token-id prompt, 300 tokens, equals ``generate`` with the same sinks
+    and window in its tokens (vLLM's ``return_tokens_as_token_ids``) and log-probabilities, well
+    past the first eviction (4 + 60: from the 28th token)."""
+    import os
+    import subprocess
+    import time
+
+    import openai
+
+    from sinklab.corpus import load_text, token_stream
+    from sinklab.models.zoo import ZOO, dequantized_dir
+    from sinklab.stream.generation import GenerateConfig, generate
+
+    n_sink, window, new = 4, 60, 300
+    folder = dequantized_dir(ZOO[smollm2.info.name], smollm2.info.weights_sha256)
+    prompt = token_stream(load_text(), smollm2.tokenizer, 100).tolist()[:37]
+    port = _free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "VIRTUAL_ENV"))}
+    env |= {
+        "VLLM_TARGET_DEVICE": "cpu",
+        "VLLM_CPU_KVCACHE_SPACE": "1",
+        "VLLM_NO_USAGE_STATS": "1",
+        "DO_NOT_TRACK": "1",
+        "HF_HUB_OFFLINE": "1",
+        "TRANSFORMERS_OFFLINE": "1",
+    }
+    options = f'{{"sinklab": {{"n_sink": {n_sink}, "window": {window}}}}}'
+    cmd = [
+        str(vllm_py.parent / "vllm"), "serve", str(folder), "--port", str(port),
+        "--host", "127.0.0.1", "--served-model-name", "smollm2", "--dtype", "float32",
+        "--enforce-eager", "--no-enable-prefix-caching", "--max-model-len", "1024",
+        "--additional-config", options,
+    ]  # fmt: skip
+    log = (tmp_path / "serve.log").open("w")
+    server = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
+    try:
+        client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none")
+        deadline = time.monotonic() + 600
+        while True:
+            assert server.poll() is None, (tmp_path / "serve.log").read_text()[-4000:]
+            try:
+                client.models.list()
+                break
+            except openai.APIConnectionError:
+                assert time.monotonic() < deadline, "vllm serve did not start in 600 s"
+                time.sleep(2)
+        reply = client.completions.create(
+            model="smollm2",
+            prompt=prompt,
+            max_tokens=new,
+            temperature=0.0,
+            logprobs=1,
+            extra_body={"ignore_eos": True, "return_tokens_as_token_ids": True},
+        )
+    finally:
+        server.terminate()
+        try:
+            server.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            server.kill()
+        log.close()
+    lp = reply.choices[0].logprobs
+    tokens = [int(t.removeprefix("token_id:")) for t in lp.tokens]
+    steps: list[Tensor] = []
+    cfg = GenerateConfig(max_new_tokens=new, n_sink=n_sink, window=window, stop_at_eos=False)
+    ref = generate(
+        smollm2.model, smollm2.tokenizer, torch.tensor(prompt), cfg,
+        on_logits=lambda x: steps.append(x.double().log_softmax(-1)),
+    ).new_tokens  # fmt: skip
+    where = first_difference(tokens, ref)
+    gaps = _gaps(list(lp.token_logprobs), steps, tokens)
+    print(
+        f"vllm serve + plugin ({n_sink}+{window}), openai client: equals sinklab on {where}/{new} "
+        f"tokens, log-probabilities within {max(gaps):.1e}"
+    )
+    assert tokens == ref, f"tokens differ from {where}"
+    assert max(gaps) < LOGPROB_TOL, max(gaps)
