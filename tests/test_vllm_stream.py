@@ -1,133 +1,25 @@
 """The sinklab-vllm plugin wired into a running vLLM engine, against sinklab's own
 ``SinkCache`` (docs/vllm.md#wiring-tests): greedy tokens and every step's log-probability over
-1,000 tokens past the first eviction (SmolLM2, two requests in one batch; Qwen2.5 alone, blocks
-of 32), the KV blocks each request holds, plain vLLM as the control, and a prompt longer than
-the cache. Apart from tests/test_vllm.py so that xdist (one file a worker) runs the two side by
-side. vLLM runs in its own venv (``tests/vllm_env/stream.py``); see tests/vllm_helpers.py."""
+1,000 tokens past the first eviction (SmolLM2, two requests in one batch; Qwen2.5 in
+tests/test_vllm_stream_qwen.py), the KV blocks each request holds, plain vLLM as the control, a
+prompt longer than the cache, the rebase, and vLLM's OpenAI server with the ``openai`` client.
+Apart from tests/test_vllm.py so that xdist (one file a worker) spreads them. vLLM runs in its
+own venv (``tests/vllm_env/stream.py``); the shared check is tests/vllm_helpers.py."""
 
 from __future__ import annotations
-
-from pathlib import Path
 
 import pytest
 import torch
 from torch import Tensor
 
-from vllm_helpers import VLLM_ENV, first_difference, run_json
+from vllm_helpers import LOGPROB_TOL, STREAM, first_difference, logprob_gaps, run_json, stream_check
 
 pytestmark = pytest.mark.vllm
-
-STREAM = VLLM_ENV / "stream.py"
-
-
-def _gaps(logprobs: list[float], steps: list[Tensor], tokens: list[int]) -> list[float]:
-    """Per step, |vLLM's log-probability of the chosen token - sinklab's|."""
-    return [abs(lp - float(st[tok])) for lp, st, tok in zip(logprobs, steps, tokens, strict=True)]
-
-
-PAST_EVICTION = 1000  # greedy tokens compared after the first eviction (issue 32)
-CONTROL_STEPS = 64  # tokens past the first eviction that plain vLLM scores (the control)
-LOGPROB_TOL = 1e-3  # per step, the chosen token's log-probability, vLLM vs SinkCache (float32)
-
-
-def _stream_check(
-    python: Path, loaded, n_sink: int, window: int, block_size: int, together: bool
-) -> None:
-    """vLLM with the plugin on equals ``sinklab.stream.generation.generate`` (a ``SinkCache``,
-    the same ``n_sink`` and ``window``), greedy, token for token, for at least
-    ``PAST_EVICTION`` tokens past the first eviction (``together``: two requests of different
-    lengths in one batch, else one alone), and every step's log-probability of the chosen token
-    within ``LOGPROB_TOL``; each request's real KV blocks reach the plugin's bound and never pass
-    it; and plain vLLM (full attention), scoring the stream's own tokens, equals its
-    log-probabilities before the first eviction and leaves them after, so the check tells the
-    eviction apart from full attention even where the greedy text repeats a phrase
-    (docs/vllm.md#wiring-tests)."""
-    from sinklab.corpus import load_text, token_stream
-    from sinklab.models.zoo import ZOO, dequantized_dir
-    from sinklab.stream.generation import GenerateConfig, generate
-
-    folder = dequantized_dir(ZOO[loaded.info.name], loaded.info.weights_sha256)
-    ids = token_stream(load_text(), loaded.tokenizer, 400).tolist()
-    # both prompts fit before any eviction: sinklab reads a prompt at once, vLLM's queries see
-    # everything before them, the same attention (docs/vllm.md#wiring says what longer ones do)
-    prompts = [ids[:37], ids[: n_sink + window - 8]] if together else [ids[:37]]
-    capacity = n_sink + window
-    new = capacity + 2 - len(prompts[0]) + PAST_EVICTION  # see first_evicted below
-    request = {
-        "model": str(folder),
-        "prompts": prompts,
-        "max_tokens": new,
-        "n_sink": n_sink,
-        "window": window,
-        "block_size": block_size,
-        "max_model_len": 2048,
-    }
-    ours = run_json(python, STREAM, request)
-    assert ours["spec"] == "SinkWindowSpec", ours["spec"]
-    cfg = GenerateConfig(max_new_tokens=new, n_sink=n_sink, window=window, stop_at_eos=False)
-    refs, ref_logprobs = [], []
-    for p in prompts:
-        steps: list[Tensor] = []
-        refs.append(
-            generate(
-                loaded.model,
-                loaded.tokenizer,
-                torch.tensor(p),
-                cfg,
-                on_logits=lambda x, steps=steps: steps.append(x.double().log_softmax(-1)),
-            ).new_tokens
-        )
-        ref_logprobs.append(steps)
-    # the control: plain vLLM (full attention) scores the stream's own tokens, teacher-forced,
-    # up to just past the first eviction of the shortest prompt
-    ends = [capacity + 2 + CONTROL_STEPS for _ in prompts]
-    scored = [p + r[: end - len(p)] for p, r, end in zip(prompts, refs, ends, strict=True)]
-    plain = run_json(python, STREAM, request | {"n_sink": None, "window": None, "score": scored})
-    rows = zip(
-        prompts, ours["tokens"], ours["logprobs"], refs, ref_logprobs, plain["scores"], strict=True
-    )
-    for prompt, v, v_logprobs, ref, steps, full_scores in rows:
-        # new token k is the query at position len(prompt) + k - 1: past the window from here
-        first_evicted = capacity + 2 - len(prompt)
-        assert len(v) == len(ref) == new and new - first_evicted >= PAST_EVICTION
-        where = first_difference(v, ref)
-        gaps = _gaps(v_logprobs, steps, v)
-        worst = max(range(new), key=gaps.__getitem__)
-        # new token k sits at position len(prompt) + k of the scored sequence
-        full = [
-            abs(lp - float(st[tok]))
-            for lp, st, tok in zip(full_scores[len(prompt) :], steps, ref, strict=False)
-        ]
-        before, after = max(full[:first_evicted]), max(full[first_evicted:])
-        print(
-            f"{loaded.info.name} {n_sink}+{window} B={block_size}, prompt {len(prompt)}: plugin "
-            f"equals sinklab on {where}/{new} tokens ({new - first_evicted} past eviction), "
-            f"log-probabilities within {gaps[worst]:.1e} (token {worst}); plain vLLM on the "
-            f"same tokens: within {before:.1e} before eviction, {after:.1e} after"
-        )
-        assert v == ref, (
-            f"tokens differ from {where}: {v[where : where + 8]} vs {ref[where : where + 8]}"
-        )
-        # every step's numbers, not only its argmax (a repeating phrase would hide small errors)
-        assert gaps[worst] < LOGPROB_TOL, (worst, gaps[worst])
-        assert before < LOGPROB_TOL, before  # full attention is the stream until it evicts
-        assert after > 10 * LOGPROB_TOL, after  # and is not once it has
-    bound = ours["bound"]
-    assert bound == -(-n_sink // block_size) + -(-(window + 1) // block_size) + 1
-    assert ours["max_blocks"] == [bound] * len(prompts), (ours["max_blocks"], bound)
 
 
 @pytest.mark.integration
 def test_the_plugin_streams_exactly_as_sinklab_on_smollm2(vllm_py, smollm2):
-    _stream_check(vllm_py, smollm2, n_sink=4, window=252, block_size=128, together=True)
-
-
-@pytest.mark.integration
-def test_the_plugin_streams_exactly_as_sinklab_on_qwen25_alone_small_blocks(vllm_py):
-    from sinklab.models.loading import load_model
-
-    qwen = load_model("qwen2.5-0.5b")
-    _stream_check(vllm_py, qwen, n_sink=4, window=124, block_size=32, together=False)
+    stream_check(vllm_py, smollm2, n_sink=4, window=252, block_size=128, together=True)
 
 
 @pytest.mark.integration
@@ -171,9 +63,9 @@ def test_the_plugin_reads_a_long_prompt_as_sinklab_reads_it_token_by_token(vllm_
     ref, steps = reference(1)
     tokens, logprobs = ours["tokens"][0], ours["logprobs"][0]
     where = first_difference(tokens, ref)
-    gaps = _gaps(logprobs, steps, tokens)
+    gaps = logprob_gaps(logprobs, steps, tokens)
     _, chunked = reference(256)
-    chunked_gap = max(_gaps(logprobs[:1], chunked[:1], tokens[:1]))
+    chunked_gap = max(logprob_gaps(logprobs[:1], chunked[:1], tokens[:1]))
     print(
         f"long prompt {len(prompt)} ({n_sink}+{window}): plugin equals token-by-token sinklab on "
         f"{where}/{new} tokens, log-probabilities within {max(gaps):.1e}; sinklab's default "
@@ -219,7 +111,7 @@ def test_the_plugin_rebases_positions_past_the_models_table_exactly(vllm_py, smo
     tokens = ours["tokens"][0]
     wraps = (len(prompt) + new - table) // (table - n_sink - window) + 1
     where = first_difference(tokens, ref)
-    gaps = _gaps(ours["logprobs"][0], steps, tokens)
+    gaps = logprob_gaps(ours["logprobs"][0], steps, tokens)
     print(
         f"rebase ({table} positions, {wraps} wraps): plugin equals sinklab on {where}/{new} "
         f"tokens, log-probabilities within {max(gaps):.1e}"
@@ -246,7 +138,7 @@ def test_vllm_serve_with_the_plugin_answers_the_openai_client_as_sinklab_streams
     ``--additional-config '{"sinklab": ...}'``: the official ``openai`` client's greedy
     completion of a token-id prompt, 300 tokens, equals ``generate`` with the same sinks and
     window in its tokens (vLLM's ``return_tokens_as_token_ids``) and log-probabilities, well past
-    the first eviction (4 + 60: from the 28th token)."""
+    the first eviction (4 + 60: from the 30th new token on)."""
     import os
     import subprocess
     import time
@@ -317,7 +209,7 @@ def test_vllm_serve_with_the_plugin_answers_the_openai_client_as_sinklab_streams
         on_logits=lambda x: steps.append(x.double().log_softmax(-1)),
     ).new_tokens  # fmt: skip
     where = first_difference(tokens, ref)
-    gaps = _gaps(list(lp.token_logprobs), steps, tokens)
+    gaps = logprob_gaps(list(lp.token_logprobs), steps, tokens)
     print(
         f"vllm serve + plugin ({n_sink}+{window}), openai client: equals sinklab on {where}/{new} "
         f"tokens, log-probabilities within {max(gaps):.1e}"
