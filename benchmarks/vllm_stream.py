@@ -10,8 +10,9 @@ warmed with one short request), alternating over rounds, medians:
 For each arm, N = 1 and N = 8 requests (different prompts from sinklab's corpus, ``--prompt``
 tokens each) decode ``--tokens`` greedy tokens in one ``generate``. Recorded per arm and N: the
 generate's wall and CPU seconds, aggregate tokens/s, ms a token at N = 1, and the most real (not
-null) KV blocks one request held, with their bytes. The two arms' tokens are the same until the
-first eviction and not after (different attention by design); the first difference is recorded.
+null) KV blocks one request held, with their bytes over all layers. The two arms' tokens are the
+same until the first eviction, and may differ after (different attention by design); the first
+difference is recorded.
 The CPU's model and flags, nproc and the load average are recorded.
 
 Usage: python benchmarks/vllm_stream.py [--model smollm2-135m] [--tokens 1024] [--prompt 37]
@@ -54,8 +55,9 @@ def _first_difference(a: list[int], b: list[int]) -> int | None:
     return next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), None)
 
 
-def summarize(runs: list[dict], tokens: int) -> dict:
-    """Medians over rounds per (arm, N); the sinklab arm's ratios to plain's in the same run."""
+def summarize(runs: list[dict], tokens: int, layers: int) -> dict:
+    """Medians over rounds per (arm, N); the sinklab arm's ratios to plain's in the same run.
+    A block's page is one layer's; a request's KV memory is its blocks times ``layers``."""
     table: dict = {}
     for arm in ARMS:
         for n in WIDTHS:
@@ -71,7 +73,7 @@ def summarize(runs: list[dict], tokens: int) -> dict:
                 "tokens_per_s": round(n * tokens / wall, 2),
                 "max_blocks_per_request": max(r["max_blocks_per_request"] for r in mine),
                 "kv_mib_per_request": round(
-                    max(r["kv_bytes_per_request"] for r in mine) / 2**20, 2
+                    layers * max(r["kv_bytes_per_request"] for r in mine) / 2**20, 2
                 ),
                 "spec": mine[0]["spec"],
             }
@@ -83,7 +85,11 @@ def summarize(runs: list[dict], tokens: int) -> dict:
         if plain and ours:
             ours["speed_vs_plain"] = round(plain["generate_wall_s"] / ours["generate_wall_s"], 3)
             ours["kv_vs_plain"] = round(ours["kv_mib_per_request"] / plain["kv_mib_per_request"], 3)
-    firsts = {r["arm"]: r["tokens_first"] for r in runs if r["n"] == 1 and r["round"] == 0}
+    firsts = {
+        r["arm"]: r["tokens_first"]
+        for r in runs
+        if r["n"] == 1 and r["round"] == 0 and "tokens_first" in r
+    }
     if len(firsts) == 2:
         table["first_token_unlike_plain_n1"] = _first_difference(firsts["plain"], firsts["sinklab"])
     return table
@@ -111,6 +117,7 @@ def main(argv: list[str] | None = None) -> dict:
     folder = dequantized_dir(ZOO[args.model], loaded.info.weights_sha256)
     text = token_stream(load_text(), loaded.tokenizer, args.prompt + 16 * max(WIDTHS)).tolist()
     prompts = [text[16 * i : 16 * i + args.prompt] for i in range(max(WIDTHS))]
+    layers = int(loaded.model.config.num_hidden_layers)
     del loaded
     runs: list[dict] = []
     load_before = list(os.getloadavg())
@@ -140,7 +147,8 @@ def main(argv: list[str] | None = None) -> dict:
             k: getattr(args, k)
             for k in ("model", "tokens", "prompt", "rounds", "n_sink", "window", "block_size")
         },
-        "summary": summarize(runs, args.tokens),
+        "summary": summarize(runs, args.tokens, layers),
+        "layers": layers,
         "machine": cpu_facts() | {"nproc": os.cpu_count()},
         "load_average_before": load_before,
         "load_average_at_end": list(os.getloadavg()),

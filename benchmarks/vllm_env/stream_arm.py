@@ -76,7 +76,7 @@ def main() -> None:
         "generate_cpu_s": round(cpu, 3),
         "new_tokens": n_tokens,
         "max_blocks_per_request": most["blocks"],
-        "kv_bytes_per_request": most["blocks"] * most["page_bytes"],
+        "kv_bytes_per_request": most["blocks"] * most["page_bytes"],  # one layer's pages
         "spec": most.get("spec"),
         "tokens_first": list(outs[0].outputs[0].token_ids),
     }

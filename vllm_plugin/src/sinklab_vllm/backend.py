@@ -122,8 +122,12 @@ class SinkCPUAttentionMetadataBuilder(CPUAttentionMetadataBuilder):
     ``sink_seq_lens`` for the plugin's own path. A prompt's chunk keeps its length (the kernel's
     causal mask needs it)."""
 
+    def __init__(self, kv_cache_spec: Any, layer_names: list[str], vllm_config: Any, device: Any):
+        super().__init__(kv_cache_spec, layer_names, vllm_config, device)
+        self.sink_options = options_of(getattr(vllm_config, "additional_config", None))
+
     def build(self, common_prefix_len: int, common_attn_metadata: Any, fast_build: bool = False):
-        options = active_options()
+        options = self.sink_options
         if options is None:
             return super().build(common_prefix_len, common_attn_metadata, fast_build)
         common = common_attn_metadata
