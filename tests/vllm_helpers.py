@@ -66,7 +66,7 @@ def logprob_gaps(logprobs: list[float], steps: list[Tensor], tokens: list[int]) 
 
 
 PAST_EVICTION = 1000  # greedy tokens compared after the first eviction (issue 32)
-CONTROL_STEPS = 64  # tokens past the first eviction that plain vLLM scores (the control)
+CONTROL_STEPS = 256  # tokens past the first eviction that plain vLLM scores (the control)
 LOGPROB_TOL = 1e-3  # per step, the chosen token's log-probability, vLLM vs SinkCache (float32)
 
 
@@ -151,7 +151,9 @@ def stream_check(
         # every step's numbers, not only its argmax (a repeating phrase would hide small errors)
         assert gaps[worst] < LOGPROB_TOL, (worst, gaps[worst])
         assert before < LOGPROB_TOL, before  # full attention is the stream until it evicts
-        assert after > 10 * LOGPROB_TOL, after  # and is not once it has
+        # and is not once it has: LOGPROB_TOL would have caught full attention in place of the
+        # eviction (measured 3.6e-2 on SmolLM2, 2.3e-3 on Qwen2.5 over the first 64 steps)
+        assert after > LOGPROB_TOL, after
     bound = ours["bound"]
     assert bound == -(-n_sink // block_size) + -(-(window + 1) // block_size) + 1
     assert ours["max_blocks"] == [bound] * len(prompts), (ours["max_blocks"], bound)
