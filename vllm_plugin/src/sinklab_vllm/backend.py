@@ -106,10 +106,12 @@ def _rebase_positions(rope: Any, capacity: int, max_position: int) -> None:
         return
 
     def remap(module: Any, args: tuple) -> tuple:
+        module._sinklab_calls += 1
         return (rotated_at(args[0], capacity, max_position), *args[1:])
 
     rope.register_forward_pre_hook(remap)
     rope._sinklab_rebase = (capacity, max_position)
+    rope._sinklab_calls = 0
 
 
 class SinkCPUAttentionMetadataBuilder(CPUAttentionMetadataBuilder):
@@ -150,10 +152,11 @@ class SinkCPUAttentionImpl(CPUAttentionBackendImpl):
         self.sink_options = active_options()
         self.mover: KeyMover | None = None
         self.max_position: int | None = None
+        self.rope: Any = None
         if self.sink_options is not None:
-            rope, self.max_position = _model_rope()
-            self.mover = mover_of(rope)
-            _rebase_positions(rope, self.sink_options.capacity, self.max_position)
+            self.rope, self.max_position = _model_rope()
+            self.mover = mover_of(self.rope)
+            _rebase_positions(self.rope, self.sink_options.capacity, self.max_position)
 
     def forward(
         self,
@@ -194,6 +197,13 @@ class SinkCPUAttentionImpl(CPUAttentionBackendImpl):
                 index.append(i)
                 where.append(first + (i - start))
                 request.append(r)
+        if max(where) >= self.max_position and not self.rope._sinklab_calls:
+            # the model rotated with another rotary object than the one hooked: past the table
+            # its positions would be wrong, so stop rather than answer wrongly
+            raise RuntimeError(
+                "sinklab: the rebase hook is not on this model's rotary embedding; positions past "
+                f"{self.max_position} cannot be run exactly (docs/vllm.md#positions)"
+            )
         rows = output[: attn_metadata.num_actual_tokens].view(-1, self.num_heads, self.head_size)
         for at in range(0, len(index), QUERIES_AT_ONCE):  # bounds the gathered keys' memory
             idx = torch.tensor(index[at : at + QUERIES_AT_ONCE], dtype=torch.long)
