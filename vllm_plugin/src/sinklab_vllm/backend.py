@@ -8,7 +8,8 @@ backend: the subclass adds nothing to a forward. With ``additional_config["sinkl
 * ``customize_spec`` turns each decoder layer's ``FullAttentionSpec`` into a
   :class:`sinklab_vllm.blocks.SinkWindowSpec`, so the scheduler's
   :class:`~sinklab_vllm.blocks.SinkWindowManager` frees whole blocks as they fall out of the window
-  and vLLM sizes its pool by the bounded per-request footprint;
+  and vLLM's start-up check sees the bounded footprint of a decoding request (a long prompt's
+  chunk holds its own blocks until the next step; admission is not capped, docs/vllm.md#wiring);
 * each forward first runs vLLM's own kernel for the whole batch: every query whose position
   ``s`` is at most ``n_sink + window`` sees everything before it, which is what StreamingLLM
   attends to then, so those outputs are vLLM's unchanged (a decode request past the window is

@@ -10,7 +10,8 @@ as vLLM's own ``RSWAManager`` frees its gap. Slots evicted inside a block that i
 sink block's tail, the oldest window block's head) stay allocated; the attention side never reads
 them (:mod:`sinklab_vllm.backend` gathers exactly the kept slots).
 
-Per request at most :meth:`SinkWindowSpec.max_blocks` blocks are held, however long it runs.
+A decoding request holds at most :meth:`SinkWindowSpec.max_blocks` blocks, however long it runs
+(a prompt chunk allocates its own blocks before the next step frees the ones that fell out).
 """
 
 from __future__ import annotations
