@@ -121,6 +121,56 @@ def test_the_plugin_rebases_positions_past_the_models_table_exactly(vllm_py, smo
     assert max(gaps) < LOGPROB_TOL, max(gaps)
 
 
+@pytest.mark.integration
+def test_the_plugin_reads_prompt_chunks_past_the_window_beside_decodes(vllm_py, smollm2):
+    """Chunked prefill at its hardest for the plugin (the reviewer's case): 4 + 28 kept, blocks of
+    32, at most 32 tokens a step, so a 900-token prompt is read in chunks that start past the
+    window (their blocks partly freed) while an 8-token request decodes past the window in the
+    same batch (its kernel length cut to 1). Both equal ``generate(prefill_chunk=1)`` (one token a
+    forward: the same attention) in tokens and log-probabilities."""
+    from sinklab.corpus import load_text, token_stream
+    from sinklab.models.zoo import ZOO, dequantized_dir
+    from sinklab.stream.generation import GenerateConfig, generate
+
+    n_sink, window, new = 4, 28, 64
+    folder = dequantized_dir(ZOO[smollm2.info.name], smollm2.info.weights_sha256)
+    ids = token_stream(load_text(), smollm2.tokenizer, 1100).tolist()
+    # 31 prompt tokens a step beside the short request's decode: the long prompt is still being
+    # read (about 29 steps) when the short request passes the window (after 25 decode steps)
+    prompts = [ids[:8], ids[100:1000]]
+    request = {
+        "model": str(folder),
+        "prompts": prompts,
+        "max_tokens": new,
+        "n_sink": n_sink,
+        "window": window,
+        "block_size": 32,
+        "max_model_len": 1024,
+        "engine": {"max_num_batched_tokens": 32, "max_num_seqs": 2},
+    }
+    ours = run_json(vllm_py, STREAM, request)
+    assert ours["mixed_steps"] > 0, "no forward had a decode past the window beside a chunk"
+    print(f"forwards with a cut decode beside a prompt chunk: {ours['mixed_steps']}")
+    cfg = GenerateConfig(
+        max_new_tokens=new, n_sink=n_sink, window=window, stop_at_eos=False, prefill_chunk=1
+    )
+    for prompt, tokens, logprobs in zip(prompts, ours["tokens"], ours["logprobs"], strict=True):
+        steps: list[Tensor] = []
+        ref = generate(
+            smollm2.model, smollm2.tokenizer, torch.tensor(prompt), cfg,
+            on_logits=lambda x, steps=steps: steps.append(x.double().log_softmax(-1)),
+        ).new_tokens  # fmt: skip
+        where = first_difference(tokens, ref)
+        gaps = logprob_gaps(logprobs, steps, tokens)
+        print(
+            f"chunks past the window, prompt {len(prompt)} ({n_sink}+{window}, 32 tokens a step): "
+            f"plugin equals sinklab on {where}/{new} tokens, log-probabilities within "
+            f"{max(gaps):.1e}"
+        )
+        assert tokens == ref, f"tokens differ from {where}"
+        assert max(gaps) < LOGPROB_TOL, max(gaps)
+
+
 def _free_port() -> int:
     import socket
 

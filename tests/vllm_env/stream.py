@@ -5,14 +5,16 @@ never in sinklab's venv (docs/vllm.md#wiring-tests).
 Engine and worker in this process. Reads ``{"model": FOLDER, "prompts": [[ids], ...],
 "max_tokens": N, "n_sink": n | null, "window": W | null, "block_size": B, "max_model_len": L,
 "hf_overrides": {...} (optional), "env": {VAR: value} (optional, set before vLLM starts),
-"score": [[ids], ...] (optional: instead of generating, each sequence's own log-probabilities,
+"engine": {more LLM(...) arguments} (optional), "score": [[ids], ...] (optional: instead of
+generating, each sequence's own log-probabilities,
 ``SINKLAB-RESULT {"scores": [[null, lp, ...], ...]}``)}``;
 generates greedily (``temperature=0``, ``ignore_eos``) all prompts in one batch; records, after
 every block allocation of every request, how many real (not null) blocks it holds, by wrapping
 ``FullAttentionManager.allocate_new_blocks`` (the plugin's manager inherits it; a read, not a
 change). Writes ``SINKLAB-RESULT {"tokens": [[...], ...], "logprobs": [[each chosen token's
 log-probability], ...], "max_blocks": [per request], "bound": the spec's bound or null, "spec":
-class name, "seconds": generate's wall time}``."""
+class name, "seconds": generate's wall time, "mixed_steps": builds (one per layer group and
+forward) where a decode past the window sat beside a prompt chunk}``."""
 
 from __future__ import annotations
 
@@ -77,6 +79,20 @@ def main() -> None:
         return out
 
     FullAttentionManager.allocate_new_blocks = allocate_new_blocks
+    mixed = {"steps": 0}  # forwards with a cut decode beside a prompt chunk (a read, no change)
+    if req["n_sink"] is not None:
+        from sinklab_vllm.backend import SinkCPUAttentionMetadataBuilder
+
+        build = SinkCPUAttentionMetadataBuilder.build
+        capacity = int(req["n_sink"]) + int(req["window"])
+
+        def counting_build(self, common_prefix_len, common, fast_build=False):
+            q_lens = common.query_start_loc[1:] - common.query_start_loc[:-1]
+            cut = (q_lens == 1) & (common.seq_lens > capacity + 1)
+            mixed["steps"] += int(bool(cut.any()) and bool((q_lens > 1).any()))
+            return build(self, common_prefix_len, common, fast_build)
+
+        SinkCPUAttentionMetadataBuilder.build = counting_build
     plain = req["n_sink"] is None  # the plugin off: vLLM as it is, the test's control
     sink = None if plain else {"n_sink": int(req["n_sink"]), "window": int(req["window"])}
     llm = LLM(
@@ -88,6 +104,7 @@ def main() -> None:
         enable_prefix_caching=False,
         seed=0,
         hf_overrides=req.get("hf_overrides"),
+        **(req.get("engine") or {}),
         additional_config={} if plain else {"sinklab": sink},
     )
     params = SamplingParams(
@@ -115,6 +132,7 @@ def main() -> None:
         "spec": type(spec).__name__,
         "bound": spec.max_blocks() if hasattr(spec, "max_blocks") else None,
         "seconds": seconds,
+        "mixed_steps": mixed["steps"],
     }
     print("SINKLAB-RESULT " + json.dumps(result), flush=True)
 
