@@ -1,7 +1,7 @@
 """One arm of benchmarks/vllm_stream.py, run inside .venv-vllm (never sinklab's venv).
 
 Reads ``{"model": FOLDER, "prompts": [[ids], ...], "max_tokens": N, "sinklab": {"n_sink",
-"window"} | null, "block_size": B, "max_model_len": L, "threads": T}``; starts one engine
+"window"} | null, "block_size": B, "max_model_len": L}``; starts one engine
 (engine and worker in this process), warms it with one short request, then generates greedily
 for all prompts at once, timing the whole ``generate``. Records the most real (not null) KV
 blocks any request held after an allocation, by wrapping ``FullAttentionManager``'s
