@@ -105,6 +105,28 @@ def test_positions_stay_bounded_and_rebase_like_the_step_loop(tiny_model_factory
         hook.remove()
 
 
+def test_on_logits_gives_every_querys_distribution_as_the_step_loop_does(models):
+    """``on_logits(t0, logits)``: one row per query, in order, each the step loop's own logits
+    (SinkCache, one token a forward: what ``generate`` decodes with) within the tolerance, past
+    several evictions; a row off by one query would miss by far more."""
+    model, ids, cfg = models["qwen2"], _ids(40), CacheConfig("sink", 2, 6)
+    rows: dict[int, torch.Tensor] = {}
+    chunked_nll(model, ids, cfg, 7, on_logits=lambda t0, lg: rows.update({t0: lg.clone()}))
+    assert sorted(rows) == list(range(0, 39, 7))
+    got = torch.cat([rows[t0] for t0 in sorted(rows)])
+    assert got.shape == (39, model.config.vocab_size)
+    cache = SinkCache(model, cfg)
+    with torch.inference_mode():
+        want = torch.cat(
+            [
+                model(ids[t : t + 1].view(1, 1), cache=cache, **cache.prepare(1)).logits[0]
+                for t in range(39)
+            ]
+        )
+    torch.testing.assert_close(got, want, atol=TOL, rtol=TOL)
+    assert float((got[1:] - want[:-1]).abs().max()) > 100 * TOL
+
+
 def test_the_equality_is_sensitive(models):
     """What the tolerance separates: window vs sink, and sinks scored at the wrong distance."""
     model, ids = models["llama"], _ids(40)

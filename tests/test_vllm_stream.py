@@ -12,7 +12,15 @@ import pytest
 import torch
 from torch import Tensor
 
-from vllm_helpers import LOGPROB_TOL, STREAM, first_difference, logprob_gaps, run_json, stream_check
+from vllm_helpers import (
+    LOGPROB_TOL,
+    STREAM,
+    first_difference,
+    logprob_gaps,
+    run_json,
+    sinklab_along,
+    stream_check,
+)
 
 pytestmark = pytest.mark.vllm
 
@@ -48,30 +56,21 @@ def test_the_plugin_reads_a_long_prompt_as_sinklab_reads_it_token_by_token(vllm_
     }
     ours = run_json(vllm_py, STREAM, request)
 
-    def reference(prefill_chunk: int) -> tuple[list[int], list[Tensor]]:
-        steps: list[Tensor] = []
-        cfg = GenerateConfig(
-            max_new_tokens=new, n_sink=n_sink, window=window, stop_at_eos=False,
-            prefill_chunk=prefill_chunk,
-        )  # fmt: skip
-        on_logits = lambda x: steps.append(x.double().log_softmax(-1))  # noqa: E731
-        res = generate(
-            smollm2.model, smollm2.tokenizer, torch.tensor(prompt), cfg, on_logits=on_logits
-        )
-        return res.new_tokens, steps
-
-    ref, steps = reference(1)
     tokens, logprobs = ours["tokens"][0], ours["logprobs"][0]
-    where = first_difference(tokens, ref)
-    gaps = logprob_gaps(logprobs, steps, tokens)
-    _, chunked = reference(256)
-    chunked_gap = max(logprob_gaps(logprobs[:1], chunked[:1], tokens[:1]))
+    where, gaps = sinklab_along(smollm2, prompt, tokens, n_sink, window).check(tokens, logprobs)
+    first: list[Tensor] = []  # sinklab's default prompt reading, for the first token
+    cfg = GenerateConfig(max_new_tokens=1, n_sink=n_sink, window=window, stop_at_eos=False)
+    generate(
+        smollm2.model, smollm2.tokenizer, torch.tensor(prompt), cfg,
+        on_logits=lambda x: first.append(x.double().log_softmax(-1)),
+    )  # fmt: skip
+    chunked_gap = max(logprob_gaps(logprobs[:1], first, tokens[:1]))
     print(
-        f"long prompt {len(prompt)} ({n_sink}+{window}): plugin equals token-by-token sinklab on "
-        f"{where}/{new} tokens, log-probabilities within {max(gaps):.1e}; sinklab's default "
-        f"prompt reading differs by {chunked_gap:.1e} at the first token"
+        f"long prompt {len(prompt)} ({n_sink}+{window}): token-by-token sinklab chooses the "
+        f"plugin's token on {where}/{new} steps, log-probabilities within {max(gaps):.1e}; "
+        f"sinklab's default prompt reading differs by {chunked_gap:.1e} at the first token"
     )
-    assert tokens == ref, f"tokens differ from {where}"
+    assert where == new, f"sinklab chooses differently from step {where}"
     assert max(gaps) < LOGPROB_TOL, max(gaps)
     assert chunked_gap > 10 * LOGPROB_TOL, chunked_gap
 
@@ -85,7 +84,6 @@ def test_the_plugin_rebases_positions_past_the_models_table_exactly(vllm_py, smo
     index past vLLM's table."""
     from sinklab.corpus import load_text, token_stream
     from sinklab.models.zoo import ZOO, dequantized_dir
-    from sinklab.stream.generation import GenerateConfig, generate
 
     n_sink, window, new, table = 4, 124, 1200, 384
     folder = dequantized_dir(ZOO[smollm2.info.name], smollm2.info.weights_sha256)
@@ -102,22 +100,16 @@ def test_the_plugin_rebases_positions_past_the_models_table_exactly(vllm_py, smo
         "env": {"VLLM_ALLOW_LONG_MAX_MODEL_LEN": "1"},
     }
     ours = run_json(vllm_py, STREAM, request)
-    steps: list[Tensor] = []
-    cfg = GenerateConfig(max_new_tokens=new, n_sink=n_sink, window=window, stop_at_eos=False)
-    ref = generate(
-        smollm2.model, smollm2.tokenizer, torch.tensor(prompt), cfg,
-        on_logits=lambda x: steps.append(x.double().log_softmax(-1)),
-    ).new_tokens  # fmt: skip
     tokens = ours["tokens"][0]
     wraps = (len(prompt) + new - table) // (table - n_sink - window) + 1
-    where = first_difference(tokens, ref)
-    gaps = logprob_gaps(ours["logprobs"][0], steps, tokens)
+    ref = sinklab_along(smollm2, prompt, tokens, n_sink, window)
+    where, gaps = ref.check(tokens, ours["logprobs"][0])
     print(
-        f"rebase ({table} positions, {wraps} wraps): plugin equals sinklab on {where}/{new} "
-        f"tokens, log-probabilities within {max(gaps):.1e}"
+        f"rebase ({table} positions, {wraps} wraps): sinklab chooses the plugin's token on "
+        f"{where}/{new} steps, log-probabilities within {max(gaps):.1e}"
     )
     assert wraps >= 4
-    assert tokens == ref, f"tokens differ from {where}"
+    assert where == new, f"sinklab chooses differently from step {where}"
     assert max(gaps) < LOGPROB_TOL, max(gaps)
 
 
@@ -130,7 +122,6 @@ def test_the_plugin_reads_prompt_chunks_past_the_window_beside_decodes(vllm_py, 
     forward: the same attention) in tokens and log-probabilities."""
     from sinklab.corpus import load_text, token_stream
     from sinklab.models.zoo import ZOO, dequantized_dir
-    from sinklab.stream.generation import GenerateConfig, generate
 
     n_sink, window, new = 4, 28, 64
     folder = dequantized_dir(ZOO[smollm2.info.name], smollm2.info.weights_sha256)
@@ -151,23 +142,14 @@ def test_the_plugin_reads_prompt_chunks_past_the_window_beside_decodes(vllm_py, 
     ours = run_json(vllm_py, STREAM, request)
     assert ours["mixed_steps"] > 0, "no forward had a decode past the window beside a chunk"
     print(f"forwards with a cut decode beside a prompt chunk: {ours['mixed_steps']}")
-    cfg = GenerateConfig(
-        max_new_tokens=new, n_sink=n_sink, window=window, stop_at_eos=False, prefill_chunk=1
-    )
     for prompt, tokens, logprobs in zip(prompts, ours["tokens"], ours["logprobs"], strict=True):
-        steps: list[Tensor] = []
-        ref = generate(
-            smollm2.model, smollm2.tokenizer, torch.tensor(prompt), cfg,
-            on_logits=lambda x, steps=steps: steps.append(x.double().log_softmax(-1)),
-        ).new_tokens  # fmt: skip
-        where = first_difference(tokens, ref)
-        gaps = logprob_gaps(logprobs, steps, tokens)
+        where, gaps = sinklab_along(smollm2, prompt, tokens, n_sink, window).check(tokens, logprobs)
         print(
             f"chunks past the window, prompt {len(prompt)} ({n_sink}+{window}, 32 tokens a step): "
-            f"plugin equals sinklab on {where}/{new} tokens, log-probabilities within "
-            f"{max(gaps):.1e}"
+            f"token-by-token sinklab chooses the plugin's token on {where}/{new} steps, "
+            f"log-probabilities within {max(gaps):.1e}"
         )
-        assert tokens == ref, f"tokens differ from {where}"
+        assert where == new, f"sinklab chooses differently from step {where}"
         assert max(gaps) < LOGPROB_TOL, max(gaps)
 
 

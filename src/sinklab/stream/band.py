@@ -373,11 +373,15 @@ def chunked_nll(
     progress: Progress = quiet,
     rss: Callable[[], float] | None = None,
     out: Tensor | None = None,
+    on_logits: Callable[[int, Tensor], None] | None = None,
 ) -> tuple[Tensor, int, float]:
     """The step loop's result, ``chunk`` queries per forward: ``ids`` (T,) -> (nll (T-1,), most
     positions cached, peak sampled RSS MiB). Refuses what :class:`SinkCache` refuses. ``out``
     (T-1,) float64, if given, is filled chunk by chunk; ``progress(done, total, note)`` (the one
     :data:`~sinklab.progress.Progress`: targets, the running perplexity in the note) after each.
+    ``on_logits(t0, logits)``, if given, gets each forward's float32 logits (t1 - t0, V): row
+    ``i`` is the distribution of ``ids[t0 + i + 1]`` given ``ids[: t0 + i + 1]`` under the cache
+    (how the vLLM tests read sinklab's distributions along another engine's stream).
 
     Positions: the step loop's (:meth:`SinkCache.prepare`): below ``max_position`` (the model's
     ``max_position_embeddings``) for every bounded policy; before the token that would reach it,
@@ -409,6 +413,8 @@ def chunked_nll(
             pos = torch.arange(t0 - base, t1 - base, device=dev)[None]
             logits = model(ids[t0:t1][None].to(dev), position_ids=pos, use_cache=False).logits
             lg = logits[0].float()
+            if on_logits is not None:
+                on_logits(t0, lg)
             target = ids[t0 + 1 : t1 + 1].to(lg.device)  # the LM head's device
             part = torch.logsumexp(lg, -1) - lg.gather(-1, target[:, None])[:, 0]
             nll[t0:t1] = part.double().cpu()
