@@ -88,10 +88,8 @@ def _first_token_id(chat_dir, server, piece: str) -> int:
 
 
 def test_langchain_sees_a_refusal_as_the_400_it_is(server, chat_dir):
-    llm = _lc(
-        server, chat_dir, max_tokens=4, model_kwargs={"response_format": {"type": "json_object"}}
-    )
+    llm = _lc(server, chat_dir, max_tokens=4, n=2)
     with pytest.raises(openai.BadRequestError) as err:
         llm.invoke(MESSAGES)
-    assert err.value.body["param"] == "response_format"
+    assert err.value.body["param"] == "n"
     assert "Traceback" not in server.log

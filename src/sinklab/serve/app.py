@@ -144,6 +144,18 @@ class Server:
                 code="invalid_value",
                 param="logit_bias",
             )
+        # compiled off the event loop (a big schema takes a while), before any session is touched
+        formats, asked = self.engine.formats, req.response_format
+        fmt = await asyncio.to_thread(formats.check, asked and asked.as_dict())
+        if fmt is not None and req.tools_on():
+            raise ApiError(
+                400,
+                f"response_format: a {fmt.name} reply cannot also call tools; send tool_choice "
+                "'none' or no response_format",
+                code="invalid_value",
+                param="response_format",
+            )
+        grammar = None if fmt is None else await asyncio.to_thread(formats.constraint, fmt)
         # unseeded: a fresh seed, returned so the reply can be replayed (53 bits: exact in JSON)
         seed = req.seed if req.seed is not None else secrets.randbits(53)
         tools = self._tools(req)
@@ -169,6 +181,7 @@ class Server:
             deferred=True,  # applied once the client can have it (see _whole, _stream)
             sampling=sampling,
             tool_names=frozenset(t["function"]["name"] for t in callable_tools or ()),
+            grammar=grammar,
         )
         try:
             self.engine.submit(job)

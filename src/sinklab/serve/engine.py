@@ -25,10 +25,11 @@ import torch
 
 from sinklab.errors import SinklabError
 from sinklab.serve.config import ServeConfig
+from sinklab.serve.grammar import Constraint, Formats
 from sinklab.serve.metrics import Metrics
 from sinklab.serve.protocol import ApiError
 from sinklab.serve.registry import Registry
-from sinklab.serve.sampling import NotFinite, Sampling
+from sinklab.serve.sampling import Sampling, TurnFailed
 from sinklab.serve.sessions import Session, SessionStore
 from sinklab.serve.tools import as_sent, parse_calls, renders_tools
 from sinklab.stream.cache import CacheConfig, SinkCache
@@ -78,6 +79,7 @@ class Job:
     cached: int = 0  # the conversation's tokens the session had read before this turn
     tool_names: frozenset[str] = frozenset()  # the tools the reply may call (:mod:`.tools`)
     parsed: tuple[str | None, list[dict[str, Any]]] | None = None  # the reply, its calls
+    grammar: Constraint | None = None  # response_format's mask (:mod:`.grammar`)
 
 
 class Engine:
@@ -102,6 +104,8 @@ class Engine:
         )
         self.make_chat()  # refuses a tokenizer without a chat template, before serving
         self.tools_ok = renders_tools(tokenizer)  # its template renders a request's tools
+        vocab = int(getattr(model.config, "vocab_size", 0) or len(tokenizer))
+        self.formats = Formats(tokenizer, vocab, sorted(self.make_chat().stops))
         self.registry = Registry(config, store, self.new_session, self.make_chat, log, clock)
         self.sessions = self.registry.live  # (tenant, id) -> session in memory
         self.lock = self.registry.lock  # guards ``sessions`` and each session's ``busy``
@@ -307,8 +311,8 @@ class Engine:
         job.detok = TextStream(self.tok)
         try:
             tok = self._sample(job, logits)
-        except NotFinite as err:
-            self._not_finite(job, err)
+        except TurnFailed as err:
+            self._turn_failed(job, err)
             return
         done = self._take(job, tok)
         if done is not None:
@@ -330,8 +334,8 @@ class Engine:
                 tok = self._sample(job, out[job.stream][0])
             except Exception as err:
                 self._leave(job)
-                if isinstance(err, NotFinite):
-                    self._not_finite(job, err)
+                if isinstance(err, TurnFailed):
+                    self._turn_failed(job, err)
                 else:
                     self.log(f"session {job.session.id}: sampling failed: {type(err).__name__}")
                     self._fail(job, ApiError(500, "the server failed to sample", "server_error"))
@@ -347,14 +351,18 @@ class Engine:
         chat = job.session.chat
         t = chat.config.temperature if job.temperature is None else job.temperature
         sampling = dataclasses.replace(job.sampling or Sampling(), temperature=t)
-        tok = sampling.pick(logits, job.counts, chat.gen)
+        allowed = None if job.grammar is None else job.grammar.allowed(logits.numel())
+        tok = sampling.pick(logits, job.counts, chat.gen, allowed)
+        if job.grammar is not None:
+            job.grammar.accept(tok)
         job.counts[tok] += 1
         if sampling.logprobs and tok not in chat.stops:
             job.logprobs.append(sampling.logprob_entry(logits, tok, self.tok))
         return tok
 
-    def _not_finite(self, job: Job, err: NotFinite) -> None:
-        """A request whose numbers left the finite range: it fails alone, the others go on."""
+    def _turn_failed(self, job: Job, err: TurnFailed) -> None:
+        """A request whose numbers left the finite range, or whose format allows no token: it
+        fails alone, the others go on."""
         self.log(f"session {job.session.id}: {err}; the turn was not applied")
         self._fail(
             job,
@@ -362,7 +370,7 @@ class Engine:
                 err.status,
                 f"{err}; the turn was not applied",
                 "invalid_request_error" if err.status < 500 else "server_error",
-                code="not_finite",
+                code=err.code,
             ),
         )
 

@@ -137,9 +137,35 @@ class _StreamOptions(BaseModel):
     include_usage: bool = False
 
 
+class _JsonSchema(BaseModel):
+    """OpenAI's ``response_format.json_schema``: the schema the reply must follow
+    (:mod:`.grammar`)."""
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=False)
+    name: str = Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")
+    description: str | None = None
+    schema_: dict[str, Any] | None = Field(default=None, alias="schema")
+    strict: bool | None = None  # the mask always holds (:mod:`.grammar`)
+
+
 class _ResponseFormat(BaseModel):
-    model_config = ConfigDict(extra="ignore")
-    type: Literal["text"]
+    """``text`` (the default), ``json_object`` (any JSON object) or ``json_schema``."""
+
+    model_config = ConfigDict(extra="forbid")
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: _JsonSchema | None = None
+
+    @model_validator(mode="after")
+    def _schema_iff_json_schema(self) -> _ResponseFormat:
+        if (self.type == "json_schema") != (self.json_schema is not None):
+            raise ValueError("json_schema is given exactly when type is 'json_schema'")
+        return self
+
+    def as_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"type": self.type}
+        if self.json_schema is not None:
+            out["json_schema"] = {"name": self.json_schema.name, "schema": self.json_schema.schema_}
+        return out
 
 
 class ChatRequest(BaseModel):
@@ -179,7 +205,7 @@ class ChatRequest(BaseModel):
         if value is not None and value not in ("none", "auto"):
             raise ValueError(
                 "only 'auto' and 'none' are supported: forcing a call ('required', a named "
-                "function) needs constrained decoding, which this version does not have"
+                "function) is not built (response_format constrains replies, not tool calls)"
             )
         return value
 
@@ -307,15 +333,6 @@ def _refuse_unsupported(data: dict[str, Any]) -> None:
         if name in REFUSED and value is not None and value not in REFUSED[name][0]:
             raise ApiError(400, f"{name}: {REFUSED[name][1]}", code="unsupported_parameter",
                            param=name)  # fmt: skip
-    format_ = data.get("response_format")
-    if isinstance(format_, dict) and format_.get("type") not in (None, "text"):
-        raise ApiError(
-            400,
-            f"response_format: type {format_.get('type')!r} is not supported (only 'text'; no "
-            "constrained decoding in this version)",
-            code="unsupported_parameter",
-            param="response_format",
-        )
     messages = data.get("messages")
     for i, m in enumerate(messages if isinstance(messages, list) else []):
         for name, why in MESSAGE_REFUSED.items():

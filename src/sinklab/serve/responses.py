@@ -9,8 +9,9 @@ a conversation, read through a sink cache of their own (:mod:`.scoring`) and ans
 ``stream: true`` sends the Responses API's events (``response.created`` ...
 ``response.output_text.delta`` ... ``response.completed``). Nothing is stored: ``store: true`` and
 ``previous_response_id`` are refused, as is every field
-this server cannot honour (tools, reasoning, other formats and modalities): a 400 naming it
-(docs/serve-routes.md#conformance-routes).
+this server cannot honour (tools, reasoning, other modalities): a 400 naming it
+(docs/serve-routes.md#conformance-routes). ``text.format`` ``json_object`` / ``json_schema`` is
+honoured as the chat route's ``response_format`` (docs/serve.md#structured-output).
 """
 
 from __future__ import annotations
@@ -21,11 +22,11 @@ import secrets
 import time
 from collections.abc import AsyncIterator
 from dataclasses import replace
-from typing import Any
+from typing import Any, Literal
 
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from sinklab.errors import SinklabError
 from sinklab.serve.completions import (
@@ -63,6 +64,46 @@ REFUSED: dict[str, tuple[tuple[Any, ...], str]] = {
 }
 
 TEXT_FORMAT = ({"format": {"type": "text"}}, {})  # ``text`` values that ask for plain text
+
+
+class _TextFormat(BaseModel):
+    """The Responses API's ``text.format``: ``text``, ``json_object`` or ``json_schema`` (its
+    ``name``, ``schema``, ``strict`` and ``description`` flat beside ``type``), honoured as the
+    chat route's ``response_format`` (:mod:`.grammar`)."""
+
+    model_config = ConfigDict(extra="forbid")
+    type: Literal["text", "json_object", "json_schema"]
+    name: str | None = Field(default=None, pattern=r"^[A-Za-z0-9_-]{1,64}$")
+    schema_: dict[str, Any] | None = Field(default=None, alias="schema")
+    strict: bool | None = None  # the mask always holds
+    description: str | None = None
+
+    def as_format(self) -> dict[str, Any]:
+        """The chat route's ``response_format`` shape, for :meth:`Formats.check`."""
+        if self.type != "json_schema":
+            return {"type": self.type}
+        return {"type": self.type, "json_schema": {"name": self.name, "schema": self.schema_}}
+
+
+class _Text(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    format: _TextFormat
+
+
+def _format_of(text: Any) -> dict[str, Any] | None:
+    """``text`` -> the chat route's ``response_format`` (``None``: plain text), or a 400 naming
+    the field of ``text.format`` that is wrong."""
+    if text is None or text in TEXT_FORMAT:
+        return None
+    try:
+        fmt = _Text.model_validate(text, strict=True).format
+    except ValidationError as err:
+        first = err.errors()[0]
+        where = ".".join(["text", *(str(x) for x in first["loc"])])
+        raise _bad(where, first["msg"].removeprefix("Value error, ")) from None
+    if (fmt.type == "json_schema") != (fmt.name is not None):
+        raise _bad("text.format.name", "is given exactly when type is 'json_schema'")
+    return fmt.as_format()
 
 
 class _Req(BaseModel):
@@ -137,9 +178,6 @@ class Responses:
 
     def _parse(self, body: bytes) -> tuple[_Req, ChatRequest, list[dict[str, str]]]:
         req, chat = parse_route(body, _Req, SHARED, REFUSED)
-        if req.text is not None and req.text not in TEXT_FORMAT:
-            raise _bad("text", "only plain text output ({'format': {'type': 'text'}}) is "
-                       "supported", "unsupported_parameter")  # fmt: skip
         messages = messages_of(req.input)
         if req.instructions:
             messages = [{"role": "system", "content": req.instructions}, *messages]
@@ -167,6 +205,11 @@ class Responses:
                        "invalid_conversation") from None  # fmt: skip
         if not ids:
             raise _bad("input", "renders to no tokens")
+        formats = server.engine.formats  # compiled off the event loop, as on the chat route
+        fmt = await asyncio.to_thread(
+            formats.check, _format_of(req.text), "text.format", "text.format.schema"
+        )
+        grammar = None if fmt is None else await asyncio.to_thread(formats.constraint, fmt)
         temperature = temperature_of(server, chat)
         sampling = replace(chat.sampling(), temperature=temperature)
         loop = asyncio.get_running_loop()
@@ -174,7 +217,7 @@ class Responses:
         task = Task([Prompt(list(ids))], max_tokens, sampling, secrets.randbits(53), [], False,
                     None, time.monotonic() + cfg.request_timeout_s,
                     lambda ev: loop.call_soon_threadsafe(events.put_nowait, ev),
-                    continues=False)  # fmt: skip
+                    continues=False, grammar=grammar)  # fmt: skip
         scorer_of(server).submit(task)
         rid, mid = "resp_" + secrets.token_hex(12), "msg_" + secrets.token_hex(12)
         ids_ = (rid, mid)
@@ -304,7 +347,7 @@ class Responses:
             "tools": [],
             "tool_choice": "none",
             "parallel_tool_calls": False,
-            "text": {"format": {"type": "text"}},
+            "text": req.text if req.text else {"format": {"type": "text"}},
             "truncation": "disabled",
             "reasoning": None,
             "store": False,

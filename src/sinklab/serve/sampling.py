@@ -5,6 +5,8 @@ From one row of next-token logits (the model's own, however the batch was read):
 1. ``logit_bias`` is added to the logits of the tokens it names, and each token already sampled
    in this reply is penalised: ``mu[j] - c[j] * frequency_penalty - (c[j] > 0) *
    presence_penalty`` (``c[j]``: how often token ``j`` was sampled in this completion so far);
+   a ``response_format`` other than text then sets the adjusted logit of every token its
+   grammar does not allow next to -inf (:mod:`.grammar`), so step 2 acts on the allowed ones;
 2. temperature 0 takes the argmax of the adjusted logits; otherwise they are divided by the
    temperature, softmaxed (float64), cut to the ``top_k`` most likely (an extension) and to the
    smallest set whose mass reaches ``top_p`` (the token that crosses it included), renormalised
@@ -25,13 +27,29 @@ from typing import Any
 import torch
 
 
-class NotFinite(ValueError):
-    """This request's logits or probabilities are not finite numbers; ``status``: 400 when its
-    parameters made them so, 500 when the model's own logits are."""
+class TurnFailed(ValueError):
+    """This request's turn cannot go on; it fails alone (the batch's others go on) with
+    ``status`` and ``code``."""
+
+    code = "turn_failed"
 
     def __init__(self, message: str, status: int) -> None:
         super().__init__(message)
         self.status = status
+
+
+class NotFinite(TurnFailed):
+    """This request's logits or probabilities are not finite numbers; ``status``: 400 when its
+    parameters made them so, 500 when the model's own logits are."""
+
+    code = "not_finite"
+
+
+class NoAllowedToken(TurnFailed):
+    """The request's ``response_format`` allows no token of this model's vocabulary next
+    (:mod:`.grammar`)."""
+
+    code = "format_unwritable"
 
 
 @dataclass(frozen=True)
@@ -58,11 +76,16 @@ class Sampling:
             out[ids] -= c * self.frequency_penalty + self.presence_penalty
         return out
 
-    def probabilities(self, adjusted: torch.Tensor) -> torch.Tensor:
-        """Step 2 before the draw: the distribution sampled from (temperature > 0)."""
+    def probabilities(
+        self, adjusted: torch.Tensor, allowed: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """Step 2 before the draw: the distribution sampled from (temperature > 0), over the
+        ``allowed`` tokens only when a format constrains the reply (:mod:`.grammar`)."""
         scaled = adjusted / self.temperature
-        if not torch.isfinite(scaled).all():
+        if not torch.isfinite(scaled if allowed is None else scaled[allowed]).all():
             raise NotFinite("the logits divided by the temperature are not finite", 400)
+        if allowed is not None:
+            scaled = scaled.masked_fill(~allowed, float("-inf"))
         probs = torch.softmax(scaled, -1)
         if self.top_k and self.top_k < probs.numel():
             kth = torch.topk(probs, self.top_k).values[-1]
@@ -81,14 +104,30 @@ class Sampling:
             raise NotFinite("the sampling probabilities are not finite", 400)
         return probs / total
 
-    def pick(self, logits: torch.Tensor, counts: Counter[int], gen: torch.Generator) -> int:
-        """The next token from ``logits`` (V,), given the reply's token ``counts`` so far."""
+    def pick(
+        self,
+        logits: torch.Tensor,
+        counts: Counter[int],
+        gen: torch.Generator,
+        allowed: torch.Tensor | None = None,
+    ) -> int:
+        """The next token from ``logits`` (V,), given the reply's token ``counts`` so far; one of
+        the ``allowed`` (V,) bool, when a format constrains the reply (:mod:`.grammar`)."""
         if not torch.isfinite(logits).all():
             raise NotFinite("the model's logits for this request are not finite (NaN or inf)", 500)
+        if allowed is not None and not bool(allowed.any()):
+            raise NoAllowedToken(
+                "response_format: no token of this model's vocabulary continues the reply in "
+                "that format",
+                400,
+            )
         adjusted = self.adjusted(logits, counts)
         if self.temperature == 0:
+            if allowed is not None:
+                adjusted = adjusted.masked_fill(~allowed, float("-inf"))
             return int(adjusted.argmax())
-        return int(torch.multinomial(self.probabilities(adjusted), 1, generator=gen)[0])
+        probs = self.probabilities(adjusted, allowed)
+        return int(torch.multinomial(probs, 1, generator=gen)[0])
 
     def logprob_entry(self, logits: torch.Tensor, tok: int, tokenizer: Any) -> dict[str, Any]:
         """Step 3: OpenAI's ``logprobs.content`` entry for the sampled ``tok``."""

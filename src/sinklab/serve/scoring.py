@@ -27,8 +27,9 @@ from typing import Any
 import torch
 
 from sinklab.models.arch import input_device
+from sinklab.serve.grammar import Constraint
 from sinklab.serve.protocol import ApiError
-from sinklab.serve.sampling import NotFinite, Sampling
+from sinklab.serve.sampling import NotFinite, Sampling, TurnFailed
 from sinklab.stream.cache import CacheConfig, SinkCache
 from sinklab.stream.generation import TextStream, _piece, eos_ids, left_padded
 
@@ -82,6 +83,7 @@ class Task:
     deadline: float
     emit: Emit
     stop_ids: set[int] | None = None  # None: the model's end-of-sequence ids
+    grammar: Constraint | None = None  # a response format's mask (:mod:`.grammar`): one prompt
     continues: bool = True  # the reply continues the prompt's text (False: a chat reply)
     cancelled: threading.Event = field(default_factory=threading.Event)
 
@@ -130,8 +132,8 @@ class Scorer:
                 self.log("completion dropped: its client left or --request-timeout passed")
                 if not task.cancelled.is_set():
                     task.emit(("error", _timeout()))
-            except NotFinite as err:
-                task.emit(("error", ApiError(err.status, str(err), code="not_finite")))
+            except TurnFailed as err:
+                task.emit(("error", ApiError(err.status, str(err), code=err.code)))
             except Exception as err:  # never lose the thread: that request fails alone
                 self.log(f"completion failed: {type(err).__name__}: {err}")
                 task.emit(("error", ApiError(500, "the server failed to decode", "server_error")))
@@ -275,7 +277,10 @@ class Scorer:
         n, finish, cut = 0, "length", False
         while n < task.max_tokens:
             self._check(task)
-            tok = task.sampling.pick(logits, counts, gen)
+            allowed = None if task.grammar is None else task.grammar.allowed(logits.numel())
+            tok = task.sampling.pick(logits, counts, gen, allowed)
+            if task.grammar is not None:
+                task.grammar.accept(tok)
             if tok in stops:  # its logprob is reported (as OpenAI's), its text is not
                 if task.logprobs is not None:
                     entries.append(self._entry(logits, tok, task.logprobs, before + len(text)))

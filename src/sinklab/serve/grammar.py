@@ -1,0 +1,131 @@
+"""Structured output: ``response_format`` ``{"type": "json_object"}`` or ``{"type":
+"json_schema", "json_schema": {"name": ..., "schema": {...}}}`` (README, "Serving": structured
+output).
+
+Each step's logits are masked to the tokens that keep the reply a prefix of a document the
+format accepts, before the sampling step (:mod:`.sampling`: bias, penalties, temperature, top-k
+and top-p then act on the allowed tokens only). The masks come from llguidance, the grammar
+engine vLLM, SGLang and llama.cpp use for the same job: a JSON schema is compiled into a grammar
+once per request, and a matcher walks it token by token. The chat's end-of-turn tokens are the
+grammar's end tokens, so they are allowed exactly where the document is complete: a finished
+document ends the reply (finish reason ``stop``); a reply cut by ``max_tokens`` is a prefix of one
+(``length``), as OpenAI's is. ``logprobs`` stay the model's own, before the mask.
+
+A schema the grammar compiler cannot take is a 400 naming it, before any session is touched;
+``strict`` is accepted either way (the mask always holds: the reply follows the schema whether
+or not the client asked for strictness).
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from sinklab.serve.protocol import ApiError
+
+ANY_OBJECT: dict[str, Any] = {"type": "object"}  # json_object: any JSON object
+# Between two JSON tokens, at most 16 spaces, newlines or tabs: room for indented output, and a
+# model that falls into writing whitespace (small ones do under llguidance's default, any
+# amount) still has to write the document; the schema's "x-guidance" cannot widen it.
+WHITESPACE = r"[\x20\x0A\x09]{0,16}"
+_BITS = torch.arange(32, dtype=torch.int32)
+
+
+def _bad(message: str, where: str = "response_format") -> ApiError:
+    return ApiError(400, f"{where}: {message}", code="invalid_value", param=where)
+
+
+class Constraint:
+    """One reply's matcher: which tokens may come next, and each chosen token consumed."""
+
+    def __init__(self, matcher: Any, vocab: int) -> None:
+        self.matcher, self.vocab = matcher, vocab
+
+    def allowed(self, size: int) -> torch.Tensor:
+        """(size,) bool, for a logits row of ``size``: the tokens that keep the reply a prefix of
+        an accepted document (ids past the tokenizer's vocabulary never are)."""
+        words = torch.frombuffer(bytearray(self.matcher.compute_bitmask()), dtype=torch.int32)
+        bits = ((words[:, None] >> _BITS) & 1).bool().reshape(-1)
+        out = torch.zeros(size, dtype=torch.bool)
+        n = min(size, self.vocab, bits.numel())
+        out[:n] = bits[:n]
+        return out
+
+    def accept(self, token: int) -> None:
+        """Consume the chosen ``token`` (always one :meth:`allowed` gave)."""
+        if not self.matcher.consume_token(token):
+            raise RuntimeError(f"the grammar refused token {token}: {self.matcher.get_error()}")
+
+
+@dataclass(frozen=True)
+class Format:
+    """A request's checked format: the llguidance grammar and what the 400s call it."""
+
+    grammar: str
+    name: str
+
+
+class Formats:
+    """The engine's grammar compiler: one llguidance tokenizer for the model (built on first
+    use, about half a second), whose end tokens are the chat's ``stops``."""
+
+    def __init__(self, tokenizer: Any, vocab: int, stops: list[int]) -> None:
+        self.tokenizer, self.vocab, self.stops = tokenizer, vocab, list(stops)
+        self._ll: Any = None
+        self._lock = threading.Lock()
+
+    def _llg(self) -> Any:
+        with self._lock:
+            if self._ll is None:
+                import llguidance.hf
+
+                self._ll = llguidance.hf.from_tokenizer(
+                    self.tokenizer, n_vocab=self.vocab, eos_token=self.stops
+                )
+            return self._ll
+
+    def check(
+        self,
+        response_format: dict[str, Any] | None,
+        where: str = "response_format",
+        schema_at: str = "response_format.json_schema.schema",
+    ) -> Format | None:
+        """The grammar for ``response_format`` (already shaped by the protocol: ``{"type":
+        ..., "json_schema": {"name", "schema"}}``), ``None`` for plain text, or a 400 naming
+        what the compiler refused (``where`` the format, ``schema_at`` its schema: the chat
+        route's names by default; the Responses route's ``text.format`` has its own)."""
+        kind = (response_format or {}).get("type", "text")
+        if kind == "text":
+            return None
+        from llguidance import LLMatcher
+
+        if kind == "json_object":
+            schema, name = ANY_OBJECT, "json_object"
+        else:
+            spec = response_format["json_schema"]  # type: ignore[index]
+            schema = spec.get("schema") or {}
+            name, where = spec["name"], schema_at
+        try:
+            grammar = LLMatcher.grammar_from_json_schema(
+                json.dumps(schema), overrides={"whitespace_pattern": WHITESPACE}
+            )
+        except (ValueError, TypeError) as err:
+            raise _bad(f"not a JSON schema this server can enforce: {err}", where) from None
+        failed, notes = LLMatcher.validate_grammar_with_warnings(grammar, self._llg())
+        if failed:
+            first = (notes or ["invalid"])[0].splitlines()[0]
+            raise _bad(f"not a JSON schema this server can enforce: {first}", where)
+        return Format(grammar, name)
+
+    def constraint(self, fmt: Format) -> Constraint:
+        """A fresh matcher for one reply."""
+        from llguidance import LLMatcher
+
+        matcher = LLMatcher(self._llg(), fmt.grammar, log_level=0)
+        if matcher.is_error():
+            raise _bad(f"the grammar failed to start: {matcher.get_error()}")
+        return Constraint(matcher, self.vocab)
