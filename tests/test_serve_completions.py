@@ -218,12 +218,40 @@ def test_a_prompt_longer_than_the_window_is_read_through_the_sink_cache(client, 
     assert max(far) > 1e-3  # the window, not the whole prompt
 
 
+def test_n_choices_are_the_seeds_draws_in_openais_order(client, chat_dir):
+    """``n``: prompt i's j-th choice is index ``i * n + j`` and is exactly the ``n = 1`` reply
+    with seed ``seed + j`` (its own draws from one read of the prompt); greedy, every choice is
+    the greedy reply; streamed, the same texts by index; ``usage`` counts each prompt once."""
+    model, kw = str(chat_dir), {"max_tokens": 10, "temperature": 1.3}
+    out = client.completions.create(model=model, prompt=["to be", "or not"], n=3, seed=7, **kw)
+    assert [c.index for c in out.choices] == list(range(6))
+    texts = [c.text for c in out.choices]
+    assert len(set(texts[:3])) > 1, texts  # not three copies
+    for i, prompt in enumerate(["to be", "or not"]):
+        for j in range(3):
+            one = client.completions.create(model=model, prompt=prompt, seed=7 + j, **kw)
+            assert one.choices[0].text == texts[i * 3 + j], (i, j)
+    alone = client.completions.create(model=model, prompt=["to be", "or not"], seed=7, **kw)
+    assert out.usage.prompt_tokens == alone.usage.prompt_tokens
+    streamed = [""] * 6
+    for chunk in client.completions.create(
+        model=model, prompt=["to be", "or not"], n=3, seed=7, stream=True, **kw
+    ):
+        for c in chunk.choices:
+            streamed[c.index] += c.text
+    assert streamed == texts
+    greedy = client.completions.create(model=model, prompt="to be", n=2, max_tokens=8,
+                                       temperature=0)  # fmt: skip
+    assert greedy.choices[0].text == greedy.choices[1].text
+
+
 @pytest.mark.parametrize(
     ("extra", "param", "needle"),
     [
         ({"suffix": "x"}, "suffix", "not supported"),
         ({"best_of": 2}, "best_of", "best_of 1"),
-        ({"n": 2}, "n", "1 choice"),
+        ({"n": 0}, "n", "greater than or equal to 1"),
+        ({"n": 33, "prompt": ["a", "b"]}, "n", "over 64 choices"),
         ({"logprobs": 21}, "logprobs", "less than or equal to 20"),
         ({"logprobs": True}, "logprobs", "integer"),
         ({"prompt": []}, "prompt", "must be a string"),

@@ -148,6 +148,32 @@ def _reference(loaded, text: str, n: int, presence=0.0, frequency=0.0, bias=None
     return toks, rows, read
 
 
+def test_n_replies_are_the_seeds_draws_without_a_session(client, chat_dir, server):
+    """``n`` > 1 (docs/serve.md#choices): choice ``j`` is the ``n = 1`` reply with seed
+    ``seed + j`` (its own draws from one read of the conversation); no session is kept or
+    named; greedy, every choice is the greedy reply; streamed, the same texts by index;
+    ``usage`` counts the prompt once and every choice's tokens."""
+    model, kw = str(chat_dir), {"max_tokens": 10, "temperature": 1.3}
+    out = _ask(client, model, "To be or not", n=3, seed=7, **kw)
+    assert [c.index for c in out.choices] == [0, 1, 2] and out.seed == 7
+    assert getattr(out, "session_id", None) is None
+    texts = [c.message.content for c in out.choices]
+    assert len(set(texts)) > 1, texts
+    singles = [_ask(client, model, "To be or not", seed=7 + j, **kw) for j in range(3)]
+    assert [o.choices[0].message.content for o in singles] == texts
+    assert out.usage.prompt_tokens == singles[0].usage.prompt_tokens
+    assert out.usage.completion_tokens == sum(o.usage.completion_tokens for o in singles)
+    streamed = ["", "", ""]
+    for ch in _ask(client, model, "To be or not", n=3, seed=7, stream=True, **kw):
+        for c in ch.choices:
+            streamed[c.index] += c.delta.content or ""
+    assert streamed == texts
+    greedy = _ask(client, model, "To be or not", n=2, max_tokens=8, temperature=0)
+    alone = _ask(client, model, "To be or not", max_tokens=8, temperature=0)
+    assert [c.message.content for c in greedy.choices] == [alone.choices[0].message.content] * 2
+    assert "Traceback" not in server.log
+
+
 def test_unseeded_requests_draw_fresh_seeds_and_a_seed_replays(client, chat_dir):
     model = str(chat_dir)
     outs = [_ask(client, model, "To be or not", temperature=1.2, max_tokens=12) for _ in range(3)]
@@ -237,7 +263,10 @@ def test_usage_counts_the_whole_prompt_and_the_cached_part(client, chat_dir):
 @pytest.mark.parametrize(
     ("extra", "param", "needle"),
     [
-        ({"n": 2}, "n", "only 1 choice"),
+        ({"n": 17}, "n", "1 to 16"),
+        ({"n": 2, "session_id": "s1"}, "session_id", "not kept in a session"),
+        ({"n": 2, "logprobs": True}, "logprobs", "n > 1"),
+        ({"n": 2, "tools": [{"type": "function", "function": {"name": "f"}}]}, "n", "tools"),
         ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools",
          "does not render tools"),
         ({"tool_choice": "auto"}, "tool_choice", "needs tools"),

@@ -174,6 +174,19 @@ def test_json_object_streams_the_whole_replys_text(client):
 
 
 @pytest.mark.integration
+def test_n_sampled_replies_each_follow_the_schema(client):
+    """``n`` > 1 with a schema: a fresh matcher per choice, each choice its own draws."""
+    out = client.chat.completions.parse(
+        model=MODEL, messages=ASK, response_format=Person, temperature=1.0, seed=3, n=3,
+        max_tokens=96,
+    )  # fmt: skip
+    assert len(out.choices) == 3
+    for c in out.choices:
+        assert c.finish_reason == "stop" and isinstance(c.message.parsed, Person), c
+    assert len({c.message.content for c in out.choices}) > 1
+
+
+@pytest.mark.integration
 def test_the_responses_route_honours_text_format_as_the_chat_route_does(client):
     """``client.responses.parse(text_format=...)`` (what the openai-agents SDK sends for an
     ``output_type``): the same greedy object as the chat route's ``parse`` for the same prompt."""

@@ -20,6 +20,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response, Streami
 from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect
 
+from sinklab.serve import choices
 from sinklab.serve.completions import Completions
 from sinklab.serve.config import ServeConfig
 from sinklab.serve.engine import Engine, Job
@@ -158,6 +159,11 @@ class Server:
         grammar = None if fmt is None else await asyncio.to_thread(formats.constraint, fmt)
         # unseeded: a fresh seed, returned so the reply can be replayed (53 bits: exact in JSON)
         seed = req.seed if req.seed is not None else secrets.randbits(53)
+        if (req.n or 1) > 1:  # several replies: no session (:mod:`.choices`)
+            if (why := choices.refusal(req)) is not None:
+                raise why
+            t = self.engine.chat_config.temperature if req.temperature is None else req.temperature
+            return await choices.answer(self, request, req, fmt, max_tokens, seed, t)
         tools = self._tools(req)
         messages = [m.as_dict() for m in req.messages]
         registry = self.engine.registry

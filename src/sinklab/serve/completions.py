@@ -41,7 +41,8 @@ class Host(Protocol):
     async def body(self, request: Request) -> bytes: ...
 
 
-MAX_PROMPTS = 64  # prompts (choices) in one request
+MAX_PROMPTS = 64  # prompts in one request
+MAX_CHOICES = 64  # prompts x n
 MAX_LOGPROBS = 20
 DEFAULT_MAX_TOKENS = 16  # OpenAI's default for this route
 
@@ -51,8 +52,7 @@ SHARED = ("temperature", "top_p", "top_k", "presence_penalty", "frequency_penalt
 
 REFUSED: dict[str, tuple[tuple[Any, ...], str]] = {
     "suffix": (("",), "suffix (insertion) is not supported"),
-    "best_of": ((1,), "only best_of 1 is supported (send separate requests)"),
-    "n": ((1,), "only 1 choice per prompt is supported (send n separate requests)"),
+    "best_of": ((1,), "only best_of 1 is supported (n choices are all returned; rank them)"),
 }
 
 
@@ -70,6 +70,7 @@ class CompletionRequest(BaseModel):
     prompt: Any
     max_tokens: int | None = Field(default=None, ge=0)
     echo: bool = False
+    n: int = Field(default=1, ge=1, le=MAX_CHOICES)  # choices per prompt, each its own draws
     logprobs: int | None = Field(default=None, ge=0, le=MAX_LOGPROBS)
     stream: bool = False
     stream_options: _StreamOptions | None = None
@@ -221,6 +222,8 @@ class Completions:
         if max_tokens > cfg.max_tokens_limit:
             raise _bad("max_tokens", f"{max_tokens} is over this server's {cfg.max_tokens_limit}")
         prompts = await asyncio.to_thread(self._prompts, req.prompt)  # off the event loop
+        if len(prompts) * req.n > MAX_CHOICES:
+            raise _bad("n", f"{len(prompts)} prompts x n {req.n} is over {MAX_CHOICES} choices")
         seed = chat.seed if chat.seed is not None else secrets.randbits(53)
         sampling = replace(chat.sampling(), temperature=temperature_of(server, chat))
         loop = asyncio.get_running_loop()
@@ -235,6 +238,7 @@ class Completions:
             req.logprobs,
             time.monotonic() + cfg.request_timeout_s,
             lambda ev: loop.call_soon_threadsafe(events.put_nowait, ev),
+            copies=req.n,
         )
         scorer_of(server).submit(task)
         head = {"id": "cmpl-" + secrets.token_hex(12), "object": "text_completion",
@@ -246,7 +250,7 @@ class Completions:
                 media_type="text/event-stream",
                 headers={"Cache-Control": "no-cache"},
             )
-        return await self._whole(request, task, events, head, seed, len(prompts))
+        return await self._whole(request, task, events, head, seed, len(prompts) * req.n)
 
     async def _whole(
         self,

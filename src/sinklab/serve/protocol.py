@@ -109,6 +109,8 @@ class Message(BaseModel):
         return self.role == "tool" or bool(self.tool_calls)
 
 
+MAX_N = 16  # choices of one chat request (:mod:`.choices` answers n > 1)
+
 # Message fields OpenAI defines that sinklab cannot honour: refused unless absent or null.
 MESSAGE_REFUSED = {
     "name": "message names are not supported (the chat template does not render them)",
@@ -216,8 +218,8 @@ class ChatRequest(BaseModel):
     @field_validator("n")
     @classmethod
     def _n(cls, value: int | None) -> int | None:
-        if value is not None and value != 1:
-            raise ValueError("only 1 choice per request is supported (send n separate requests)")
+        if value is not None and not 1 <= value <= MAX_N:
+            raise ValueError(f"must be 1 to {MAX_N} choices")
         return value
 
     @field_validator("top_p", "presence_penalty", "frequency_penalty")

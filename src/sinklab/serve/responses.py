@@ -22,6 +22,7 @@ import secrets
 import time
 from collections.abc import AsyncIterator
 from dataclasses import replace
+from functools import partial
 from typing import Any, Literal
 
 from fastapi import Request
@@ -209,7 +210,8 @@ class Responses:
         fmt = await asyncio.to_thread(
             formats.check, _format_of(req.text), "text.format", "text.format.schema"
         )
-        grammar = None if fmt is None else await asyncio.to_thread(formats.constraint, fmt)
+        if fmt is not None:  # the matcher starts here, off the loop: its errors are a 400
+            await asyncio.to_thread(formats.constraint, fmt)
         temperature = temperature_of(server, chat)
         sampling = replace(chat.sampling(), temperature=temperature)
         loop = asyncio.get_running_loop()
@@ -217,7 +219,8 @@ class Responses:
         task = Task([Prompt(list(ids))], max_tokens, sampling, secrets.randbits(53), [], False,
                     None, time.monotonic() + cfg.request_timeout_s,
                     lambda ev: loop.call_soon_threadsafe(events.put_nowait, ev),
-                    continues=False, grammar=grammar)  # fmt: skip
+                    continues=False,
+                    grammar=None if fmt is None else partial(formats.constraint, fmt))  # fmt: skip
         scorer_of(server).submit(task)
         rid, mid = "resp_" + secrets.token_hex(12), "msg_" + secrets.token_hex(12)
         ids_ = (rid, mid)

@@ -21,7 +21,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
@@ -83,7 +83,9 @@ class Task:
     deadline: float
     emit: Emit
     stop_ids: set[int] | None = None  # None: the model's end-of-sequence ids
-    grammar: Constraint | None = None  # a response format's mask (:mod:`.grammar`): one prompt
+    # a response format's mask (:mod:`.grammar`): a fresh one for each choice
+    grammar: Callable[[], Constraint] | None = None
+    copies: int = 1  # choices per prompt (``n``): choice ``i * copies + j`` is prompt i's j-th
     continues: bool = True  # the reply continues the prompt's text (False: a chat reply)
     cancelled: threading.Event = field(default_factory=threading.Event)
 
@@ -153,17 +155,21 @@ class Scorer:
             group = task.prompts[start : start + GROUP]
             echoes = [self._echo(task, p, want) for p in group]
             lasts, cache = self._read(task, [p.ids for p in group], [e[1] for e in echoes])
-            for b, (prompt, (echoed, entries, detok)) in enumerate(zip(group, echoes, strict=True)):
-                prompt_tokens += len(prompt.ids)
-                if task.echo:
-                    task.emit(("piece", Piece(start + b, echoed, entries or [])))
-                # its own cache to decode in (the others' rows are not read with it): only
-                # when a second token is decoded, the first comes from the read's logits
-                own = cache
-                if len(group) > 1 and task.max_tokens > 1:
-                    own = SinkCache.from_state(self.model, [cache.state(b)])
-                completion_tokens += self._decode(task, start + b, own, lasts[b], detok,
-                                                  len(echoed))  # fmt: skip
+            for b, (prompt, (echoed, entries, _)) in enumerate(zip(group, echoes, strict=True)):
+                prompt_tokens += len(prompt.ids)  # once, however many choices (as OpenAI's)
+                for j in range(task.copies):  # each choice from the same read, its own draws
+                    index = (start + b) * task.copies + j
+                    detok = echoes[b][2] if j == 0 else self._echo(task, prompt, False)[2]
+                    if task.echo:
+                        copied = [replace(e) for e in entries or []]
+                        task.emit(("piece", Piece(index, echoed, copied)))
+                    # its own cache to decode in (the others' rows are not read with it): only
+                    # when a second token is decoded, the first comes from the read's logits
+                    own = cache
+                    if (len(group) > 1 or task.copies > 1) and task.max_tokens > 1:
+                        own = SinkCache.from_state(self.model, [cache.state(b)])
+                    completion_tokens += self._decode(task, index, own, lasts[b], detok,
+                                                      len(echoed), task.seed + j)  # fmt: skip
         task.emit(
             (
                 "done",
@@ -264,12 +270,15 @@ class Scorer:
         logits: torch.Tensor,
         detok: TextStream,
         before: int,
+        seed: int,
     ) -> int:
         """Decode up to ``max_tokens`` of the reply (``before``: characters of the choice's text
-        ahead of it, the echoed prompt) -> how many tokens it has. Text that could start a stop
-        string is held back until it cannot."""
+        ahead of it, the echoed prompt; ``seed``: its draws', the request's seed plus the
+        choice's copy number) -> how many tokens it has. Text that could start a stop string is
+        held back until it cannot."""
         stops = self.eos if task.stop_ids is None else task.stop_ids
-        gen = torch.Generator().manual_seed(task.seed)
+        gen = torch.Generator().manual_seed(seed)
+        grammar = None if task.grammar is None else task.grammar()
         hold = max((len(s) - 1 for s in task.stops), default=0)
         text, sent, counts = "", 0, Counter()
         entries: list[Entry] = []  # not sent yet
@@ -277,10 +286,10 @@ class Scorer:
         n, finish, cut = 0, "length", False
         while n < task.max_tokens:
             self._check(task)
-            allowed = None if task.grammar is None else task.grammar.allowed(logits.numel())
+            allowed = None if grammar is None else grammar.allowed(logits.numel())
             tok = task.sampling.pick(logits, counts, gen, allowed)
-            if task.grammar is not None:
-                task.grammar.accept(tok)
+            if grammar is not None:
+                grammar.accept(tok)
             if tok in stops:  # its logprob is reported (as OpenAI's), its text is not
                 if task.logprobs is not None:
                     entries.append(self._entry(logits, tok, task.logprobs, before + len(text)))
