@@ -228,10 +228,10 @@ def test_one_turn_whose_sampling_breaks_after_the_shared_read_fails_alone(model,
 class _NaNOnStep(Sampling):
     """A request whose row turns NaN at its ``n``-th token (as the model's logits would)."""
 
-    def pick(self, logits, counts, gen):
+    def pick(self, logits, counts, gen, allowed=None):
         if sum(counts.values()) + 1 >= 3:
             logits = torch.full_like(logits, float("nan"))
-        return super().pick(logits, counts, gen)
+        return super().pick(logits, counts, gen, allowed)
 
 
 def test_a_nan_row_in_the_batched_decode_fails_only_its_request(model, chat_tokenizer):

@@ -88,8 +88,8 @@ def _first_token_id(chat_dir, server, piece: str) -> int:
 
 
 def test_langchain_sees_a_refusal_as_the_400_it_is(server, chat_dir):
-    llm = _lc(server, chat_dir, max_tokens=4, n=2)
+    llm = _lc(server, chat_dir, max_tokens=4, model_kwargs={"modalities": ["text", "audio"]})
     with pytest.raises(openai.BadRequestError) as err:
         llm.invoke(MESSAGES)
-    assert err.value.body["param"] == "n"
+    assert err.value.body["param"] == "modalities"
     assert "Traceback" not in server.log

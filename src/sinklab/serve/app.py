@@ -147,7 +147,7 @@ class Server:
             )
         # compiled off the event loop (a big schema takes a while), before any session is touched
         formats, asked = self.engine.formats, req.response_format
-        fmt = await asyncio.to_thread(formats.check, asked and asked.as_dict())
+        fmt = None if asked is None else await asyncio.to_thread(formats.check, asked.as_dict())
         if fmt is not None and req.tools_on():
             raise ApiError(
                 400,
