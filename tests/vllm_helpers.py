@@ -33,9 +33,30 @@ def vllm_py() -> Path:
     return VLLM_PYTHON
 
 
+def vllm_env() -> dict[str, str]:
+    """The environment a vLLM process of the tests starts with: this one without its Python
+    settings and, under xdist, vLLM's share of the cores, as tests/conftest.py gives each
+    worker's torch: ``OMP_NUM_THREADS`` = cores // workers (at least 1), bound to this worker's
+    own cores. Left alone, vLLM's engine (in-process here) runs a team of as many OpenMP
+    threads as cores; two workers' engines then put four spinning threads on two cores, and a
+    run that takes 3 minutes alone passed 15 (measured 2026-12-05: both long exactness runs
+    timed out at 900 s)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "VIRTUAL_ENV"))}
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1") or 1)
+    if worker.startswith("gw") and workers > 1:
+        cores = sorted(os.sched_getaffinity(0))
+        share = max(1, len(cores) // workers)
+        start = (int(worker[2:]) * share) % len(cores)
+        mine = [cores[(start + i) % len(cores)] for i in range(share)]
+        env["OMP_NUM_THREADS"] = str(share)
+        env["VLLM_CPU_OMP_THREADS_BIND"] = ",".join(str(c) for c in mine)
+    return env
+
+
 def run_json(python: Path, script: Path, request: object) -> object:
     """Run ``script`` in vLLM's venv on ``request`` (JSON on stdin); its ``SINKLAB-RESULT`` line."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "VIRTUAL_ENV"))}
+    env = vllm_env()
     proc = subprocess.run(
         [str(python), str(script)],
         input=json.dumps(request),
