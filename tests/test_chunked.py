@@ -127,6 +127,28 @@ def test_on_logits_gives_every_querys_distribution_as_the_step_loop_does(models)
     assert float((got[1:] - want[:-1]).abs().max()) > 100 * TOL
 
 
+def test_generates_steps_are_the_band_evaluator_read_along_its_tokens(models, tiny_tokenizer):
+    """What the vLLM tests' teacher-forced reference rests on (tests/vllm_helpers.py:
+    sinklab_along): ``generate``'s logits at every step (``on_logits``), greedy, well past the
+    first eviction, equal the band evaluator's read along the prompt and ``generate``'s own
+    tokens, and each step's token is that row's argmax."""
+    from sinklab.stream.generation import GenerateConfig, generate
+
+    model, prompt, new = models["llama"], _ids(5), 40
+    steps: list[torch.Tensor] = []
+    cfg = GenerateConfig(max_new_tokens=new, n_sink=2, window=6, stop_at_eos=False)
+    out = generate(model, tiny_tokenizer, prompt, cfg, on_logits=lambda x: steps.append(x))
+    tokens = out.new_tokens
+    assert len(tokens) == len(steps) == new
+    assert tokens == [int(x.argmax()) for x in steps]
+    rows: dict[int, torch.Tensor] = {}
+    ids = torch.cat([prompt, torch.tensor(tokens)])
+    chunked_nll(model, ids, CacheConfig("sink", 2, 6), 16,
+                on_logits=lambda t0, lg: rows.update({t0: lg}))  # fmt: skip
+    along = torch.cat([rows[t0] for t0 in sorted(rows)])[len(prompt) - 1 :]
+    torch.testing.assert_close(along, torch.stack(steps).float(), atol=TOL, rtol=TOL)
+
+
 def test_the_equality_is_sensitive(models):
     """What the tolerance separates: window vs sink, and sinks scored at the wrong distance."""
     model, ids = models["llama"], _ids(40)
