@@ -243,6 +243,8 @@ def test_n_choices_are_the_seeds_draws_in_openais_order(client, chat_dir):
     greedy = client.completions.create(model=model, prompt="to be", n=2, max_tokens=8,
                                        temperature=0)  # fmt: skip
     assert greedy.choices[0].text == greedy.choices[1].text
+    top = client.completions.create(model=model, prompt="to be", n=2, seed=2**64 - 1, **kw)
+    assert len(top.choices) == 2  # seed + j wraps past 64 bits instead of failing
 
 
 @pytest.mark.parametrize(

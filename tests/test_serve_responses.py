@@ -157,7 +157,7 @@ def test_a_stream_equals_the_whole_response(client, chat_dir, server):
         ({"tool_choice": "required"}, "tool_choice", "tools"),
         ({"reasoning": {"effort": "high"}}, "reasoning", "reasoning"),
         ({"text": {"format": {"type": "yaml"}}}, "text.format.type", "json_object"),
-        ({"text": {"format": {"type": "json_schema"}}}, "text.format.name", "exactly when"),
+        ({"text": {"format": {"type": "json_schema"}}}, "text.format", "name is required"),
         ({"text": {"format": {"type": "text"}, "verbosity": "low"}}, "text.verbosity",
          "not permitted"),
         ({"include": ["message.output_text.logprobs"]}, "include", "not supported"),

@@ -206,6 +206,13 @@ def test_the_responses_route_honours_text_format_as_the_chat_route_does(client):
             text={"format": {"type": "json_schema", "name": "x", "schema": {"type": "foo"}}},
         )  # fmt: skip
     assert err.value.body["param"] == "text.format.schema", err.value.body
+    with pytest.raises(openai.BadRequestError) as err:  # a schema where none is read
+        client.responses.create(
+            model=MODEL, input="x", max_output_tokens=4,
+            text={"format": {"type": "json_object", "schema": {"type": "object"}}},
+        )  # fmt: skip
+    assert err.value.body["param"] == "text.format", err.value.body
+    assert "only with type 'json_schema'" in err.value.body["message"]
 
 
 @pytest.mark.integration
@@ -235,6 +242,15 @@ def test_langchain_with_structured_output_gets_the_object(server):
          "response_format.json_schema.schema", "can enforce: Invalid type"),
         ({"type": "json_object"}, {"tools": [{"type": "function", "function": {"name": "f"}}]},
          "response_format", "cannot also call tools"),
+        ({"type": "json_schema", "json_schema": {"name": "x", "schema": {
+            "type": "object", "x-guidance": {"lenient": True}}}}, {},
+         "response_format.json_schema.schema", "x-guidance"),
+        ({"type": "json_schema", "json_schema": {"name": "x", "schema": {
+            "type": "object", "propertyNames": {"pattern": "^a"}}}}, {},
+         "response_format.json_schema.schema", "propertyNames"),
+        ({"type": "json_schema", "json_schema": {"name": "x", "description": "a person",
+                                                 "schema": {}}}, {},
+         "response_format.json_schema.description", "not shown to the model"),
     ],
 )  # fmt: skip
 def test_a_bad_format_is_a_400_naming_it(client, server, fmt, extra, param, needle):

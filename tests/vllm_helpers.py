@@ -35,12 +35,12 @@ def vllm_py() -> Path:
 
 def vllm_env() -> dict[str, str]:
     """The environment a vLLM process of the tests starts with: this one without its Python
-    settings and, under xdist, vLLM's share of the cores, as tests/conftest.py gives each
-    worker's torch: ``OMP_NUM_THREADS`` = cores // workers (at least 1), bound to this worker's
-    own cores. Left alone, vLLM's engine (in-process here) runs a team of as many OpenMP
-    threads as cores; two workers' engines then put four spinning threads on two cores, and a
-    run that takes 3 minutes alone passed 15 (measured 2026-12-05: both long exactness runs
-    timed out at 900 s)."""
+    settings and, under xdist, this worker's share of the cores: ``OMP_NUM_THREADS`` = cores //
+    workers (at least 1; tests/conftest.py gives each worker's torch about as many threads),
+    bound to this worker's own cores. Left alone, vLLM's engine (in-process here) runs a team of
+    as many OpenMP threads as cores; two workers' engines then put four spinning threads on two
+    cores, and a run that takes 3 minutes alone passed 15 (measured 2026-12-05: both long
+    exactness runs timed out at 900 s)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "VIRTUAL_ENV"))}
     worker = os.environ.get("PYTEST_XDIST_WORKER", "")
     workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1") or 1)
@@ -95,6 +95,7 @@ class Along:
 
     choices: list[int]
     logprobs: list[float]
+    margins: list[float]  # per step, sinklab's top-two log-probability gap
 
     def check(self, tokens: list[int], logprobs: list[float]) -> tuple[int, list[float]]:
         """(how many leading steps sinklab chooses as the engine did, per step |the engine's
@@ -117,18 +118,22 @@ def sinklab_along(loaded, prompt: list[int], tokens: list[int], n_sink: int, win
 
     ids = torch.tensor(list(prompt) + list(tokens))
     start = len(prompt) - 1  # the query whose next token is new token 0
-    choices = [0] * len(tokens)
+    choices = [-1] * len(tokens)
     chosen = [0.0] * len(tokens)
+    margins = [0.0] * len(tokens)
 
     def record(t0: int, logits: Tensor) -> None:
         for i, row in enumerate(logits):
             k = t0 + i - start
             if 0 <= k < len(tokens):
                 lp = row.double().log_softmax(-1)
+                top = lp.topk(2).values
                 choices[k], chosen[k] = int(lp.argmax()), float(lp[tokens[k]])
+                margins[k] = float(top[0] - top[1])
 
     chunked_nll(loaded.model, ids, CacheConfig("sink", n_sink, window), on_logits=record)
-    return Along(choices, chosen)
+    assert -1 not in choices, "a step was not read"
+    return Along(choices, chosen, margins)
 
 
 PAST_EVICTION = 1000  # greedy tokens compared after the first eviction (issue 32)
@@ -192,8 +197,9 @@ def stream_check(
         print(
             f"{loaded.info.name} {n_sink}+{window} B={block_size}, prompt {len(prompt)}: sinklab "
             f"chooses the plugin's token on {where}/{new} steps ({new - first_evicted} past "
-            f"eviction), log-probabilities within {gaps[worst]:.1e} (token {worst}); plain vLLM "
-            f"on the same tokens: within {before:.1e} before eviction, {after:.1e} after"
+            f"eviction), log-probabilities within {gaps[worst]:.1e} (token {worst}), smallest "
+            f"top-two margin {min(ref.margins):.1e}; plain vLLM on the same tokens: within "
+            f"{before:.1e} before eviction, {after:.1e} after"
         )
         assert where == new, (
             f"sinklab chooses {ref.choices[where]} where the plugin chose {v[where]} (step {where})"

@@ -153,7 +153,7 @@ class Server:
                 400,
                 f"response_format: a {fmt.name} reply cannot also call tools; send tool_choice "
                 "'none' or no response_format",
-                code="invalid_value",
+                code="unsupported_parameter",
                 param="response_format",
             )
         grammar = None if fmt is None else await asyncio.to_thread(formats.constraint, fmt)

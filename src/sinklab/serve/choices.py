@@ -7,9 +7,10 @@ self-consistency, ranking, best-of) is asking one question several times. So the
 rendered as ``sinklab chat`` renders it (its template, its first token), read once through a sink
 cache of its own by the stateless routes' :class:`~sinklab.serve.scoring.Scorer`, and each
 choice ``j`` is decoded from that read with its own draws: seed ``seed + j`` (so choice ``j``
-equals the ``n = 1`` reply with seed ``seed + j`` on the stateless routes, and a seeded request
-replays). ``usage`` counts the prompt once and every choice's tokens. The response carries no
-``session_id``.
+is the ``n = 1`` reply with seed ``seed + j``, modulo 2**64, and a seeded request replays).
+The choices are decoded one after another on the stateless routes' one thread, under the
+request's one ``--request-timeout``. ``usage`` counts the prompt once and every choice's
+tokens. The response carries no ``session_id``.
 
 Refused with a 400 naming the field: a ``session_id`` (nothing is kept), ``tools`` or tool
 messages (a reply could be a call, and a call continues a session), ``logprobs`` (not built
@@ -36,8 +37,8 @@ from sinklab.serve.protocol import ApiError, ChatRequest, chunk, completion_id, 
 from sinklab.serve.scoring import Prompt, Task
 
 
-def _bad(where: str, msg: str) -> ApiError:
-    return ApiError(400, f"{where}: {msg}", code="invalid_value", param=where)
+def _bad(where: str, msg: str, code: str = "unsupported_parameter") -> ApiError:
+    return ApiError(400, f"{where}: {msg}", code=code, param=where)
 
 
 def refusal(req: ChatRequest) -> ApiError | None:
@@ -67,13 +68,15 @@ async def answer(
     try:  # rendered as sinklab chat renders a conversation
         _, _, ids = await asyncio.to_thread(server.engine.make_chat().to_read, messages)
     except SinklabError as err:
-        raise _bad("messages", str(err)) from None
+        raise _bad("messages", str(err), "invalid_conversation") from None
     except Exception as err:  # a template that raises on this conversation
         raise _bad(
-            "messages", f"the chat template cannot render them ({type(err).__name__})"
+            "messages",
+            f"the chat template cannot render them ({type(err).__name__})",
+            "invalid_conversation",
         ) from None
     if not ids:
-        raise _bad("messages", "render to no tokens")
+        raise _bad("messages", "render to no tokens", "invalid_conversation")
     formats = server.engine.formats
     loop = asyncio.get_running_loop()
     events: asyncio.Queue[tuple[str, Any]] = asyncio.Queue()

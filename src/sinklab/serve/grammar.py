@@ -13,7 +13,8 @@ document ends the reply (finish reason ``stop``); a reply cut by ``max_tokens`` 
 
 A schema the grammar compiler cannot take is a 400 naming it, before any session is touched;
 ``strict`` is accepted either way (the mask always holds: the reply follows the schema whether
-or not the client asked for strictness).
+or not the client asked for strictness); a keyword the compiler would not enforce (its warning,
+e.g. ``propertyNames``) and llguidance's own ``x-guidance`` options are refused.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from typing import Any
 import torch
 
 from sinklab.serve.protocol import ApiError
+from sinklab.serve.sampling import TurnFailed
 
 ANY_OBJECT: dict[str, Any] = {"type": "object"}  # json_object: any JSON object
 # Between two JSON tokens, at most 16 spaces, newlines or tabs: room for indented output, and a
@@ -39,6 +41,12 @@ def _bad(message: str, where: str = "response_format") -> ApiError:
     return ApiError(400, f"{where}: {message}", code="invalid_value", param=where)
 
 
+class FormatFailed(TurnFailed):
+    """The grammar engine left this reply's matcher in an error state (a parser limit)."""
+
+    code = "format_failed"
+
+
 class Constraint:
     """One reply's matcher: which tokens may come next, and each chosen token consumed."""
 
@@ -49,6 +57,10 @@ class Constraint:
         """(size,) bool, for a logits row of ``size``: the tokens that keep the reply a prefix of
         an accepted document (ids past the tokenizer's vocabulary never are)."""
         words = torch.frombuffer(bytearray(self.matcher.compute_bitmask()), dtype=torch.int32)
+        if self.matcher.is_error():  # e.g. a parser limit this schema ran into
+            raise FormatFailed(
+                f"response_format: the grammar engine stopped: {self.matcher.get_error()}", 400
+            )
         bits = ((words[:, None] >> _BITS) & 1).bool().reshape(-1)
         out = torch.zeros(size, dtype=torch.bool)
         n = min(size, self.vocab, bits.numel())
@@ -78,13 +90,23 @@ class Formats:
         self._ll: Any = None
         self._lock = threading.Lock()
 
-    def _llg(self) -> Any:
+    def _llg(self, where: str = "response_format") -> Any:
         with self._lock:
             if self._ll is None:
                 import llguidance.hf
 
-                self._ll = llguidance.hf.from_tokenizer(
-                    self.tokenizer, n_vocab=self.vocab, eos_token=self.stops
+                try:
+                    self._ll = llguidance.hf.from_tokenizer(
+                        self.tokenizer, n_vocab=self.vocab, eos_token=self.stops
+                    )
+                except Exception as err:  # a slow (Python) tokenizer: llguidance needs a fast one
+                    self._ll = err
+            if isinstance(self._ll, Exception):
+                raise _bad(
+                    "this model's tokenizer cannot drive the grammar engine "
+                    f"({type(self._ll).__name__}: {self._ll}); structured output needs a fast "
+                    "(tokenizers) tokenizer",
+                    where,
                 )
             return self._ll
 
@@ -107,16 +129,20 @@ class Formats:
             schema, name = ANY_OBJECT, "json_object"
         else:
             spec = response_format["json_schema"]  # type: ignore[index]
-            schema = spec.get("schema") or {}
+            schema = spec.get("schema") or {}  # none given: any JSON value, as OpenAI's
             name, where = spec["name"], schema_at
+        if isinstance(schema, dict) and "x-guidance" in schema:
+            # llguidance reads compile options there (lenient, separators): a client could turn
+            # enforcement off or write something that is not JSON
+            raise _bad("x-guidance (grammar-engine options) is not accepted in a schema", where)
         try:
             grammar = LLMatcher.grammar_from_json_schema(
                 json.dumps(schema), overrides={"whitespace_pattern": WHITESPACE}
             )
         except (ValueError, TypeError) as err:
             raise _bad(f"not a JSON schema this server can enforce: {err}", where) from None
-        failed, notes = LLMatcher.validate_grammar_with_warnings(grammar, self._llg())
-        if failed:
+        failed, notes = LLMatcher.validate_grammar_with_warnings(grammar, self._llg(where))
+        if failed or notes:  # a warning is a keyword the compiler would not enforce: refused
             first = (notes or ["invalid"])[0].splitlines()[0]
             raise _bad(f"not a JSON schema this server can enforce: {first}", where)
         return Format(grammar, name)

@@ -139,15 +139,31 @@ class _StreamOptions(BaseModel):
     include_usage: bool = False
 
 
+def refuse_description(value: str | None) -> str | None:
+    """A format's ``description``: OpenAI shows it to the model; here only the schema reaches
+    the reply (as its mask), so a non-empty one is refused rather than dropped."""
+    if value:
+        raise ValueError(
+            "a format description is not shown to the model by this server (the schema is "
+            "enforced as a mask); send it as a system message, or leave it out"
+        )
+    return value
+
+
 class _JsonSchema(BaseModel):
     """OpenAI's ``response_format.json_schema``: the schema the reply must follow
     (:mod:`.grammar`)."""
 
     model_config = ConfigDict(extra="forbid", populate_by_name=False)
     name: str = Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")
-    description: str | None = None
+    description: str | None = None  # refused unless empty: :func:`refuse_description`
     schema_: dict[str, Any] | None = Field(default=None, alias="schema")
     strict: bool | None = None  # the mask always holds (:mod:`.grammar`)
+
+    @field_validator("description")
+    @classmethod
+    def _description(cls, value: str | None) -> str | None:
+        return refuse_description(value)
 
 
 class _ResponseFormat(BaseModel):

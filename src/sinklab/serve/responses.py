@@ -27,7 +27,7 @@ from typing import Any, Literal
 
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from sinklab.errors import SinklabError
 from sinklab.serve.completions import (
@@ -37,7 +37,7 @@ from sinklab.serve.completions import (
     scorer_of,
     temperature_of,
 )
-from sinklab.serve.protocol import ApiError, ChatRequest
+from sinklab.serve.protocol import ApiError, ChatRequest, refuse_description
 from sinklab.serve.scoring import Prompt, Task
 
 SHARED = ("temperature", "top_p", "user")  # checked as the chat route checks them
@@ -77,7 +77,22 @@ class _TextFormat(BaseModel):
     name: str | None = Field(default=None, pattern=r"^[A-Za-z0-9_-]{1,64}$")
     schema_: dict[str, Any] | None = Field(default=None, alias="schema")
     strict: bool | None = None  # the mask always holds
-    description: str | None = None
+    description: str | None = None  # refused unless empty, as on the chat route
+
+    @field_validator("description")
+    @classmethod
+    def _description(cls, value: str | None) -> str | None:
+        return refuse_description(value)
+
+    @model_validator(mode="after")
+    def _only_with_json_schema(self) -> _TextFormat:
+        if self.type != "json_schema":
+            for name in ("name", "schema_", "strict", "description"):
+                if getattr(self, name) is not None:
+                    raise ValueError(f"{name.rstrip('_')} is given only with type 'json_schema'")
+        elif self.name is None:
+            raise ValueError("name is required with type 'json_schema'")
+        return self
 
     def as_format(self) -> dict[str, Any]:
         """The chat route's ``response_format`` shape, for :meth:`Formats.check`."""
@@ -102,8 +117,6 @@ def _format_of(text: Any) -> dict[str, Any] | None:
         first = err.errors()[0]
         where = ".".join(["text", *(str(x) for x in first["loc"])])
         raise _bad(where, first["msg"].removeprefix("Value error, ")) from None
-    if (fmt.type == "json_schema") != (fmt.name is not None):
-        raise _bad("text.format.name", "is given exactly when type is 'json_schema'")
     return fmt.as_format()
 
 

@@ -136,6 +136,8 @@ class Scorer:
                     task.emit(("error", _timeout()))
             except TurnFailed as err:
                 task.emit(("error", ApiError(err.status, str(err), code=err.code)))
+            except ApiError as err:  # e.g. a format's matcher that fails to start
+                task.emit(("error", err))
             except Exception as err:  # never lose the thread: that request fails alone
                 self.log(f"completion failed: {type(err).__name__}: {err}")
                 task.emit(("error", ApiError(500, "the server failed to decode", "server_error")))
@@ -277,7 +279,7 @@ class Scorer:
         choice's copy number) -> how many tokens it has. Text that could start a stop string is
         held back until it cannot."""
         stops = self.eos if task.stop_ids is None else task.stop_ids
-        gen = torch.Generator().manual_seed(seed)
+        gen = torch.Generator().manual_seed(seed % 2**64)  # seed + j may pass 64 bits: it wraps
         grammar = None if task.grammar is None else task.grammar()
         hold = max((len(s) - 1 for s in task.stops), default=0)
         text, sent, counts = "", 0, Counter()
