@@ -474,6 +474,8 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--n-sink", type=int, default=4)
     p.add_argument("--window", type=int, default=252)
     p.add_argument("--model", default=None)
+    p.add_argument("--quantize", default="none", choices=["none", "auto", "int8", "int4"],
+                   help="sinklab serve's fast decode path (docs/benchmarks.md#decode)")  # fmt: skip
     p.add_argument("--llama-python", default=None, help="a venv's python with llama-cpp-python")
     p.add_argument("--llama-clients", default="1,8")
     p.add_argument("--llama-threads", type=int, default=2)
@@ -486,6 +488,8 @@ def main(argv: list[str] | None = None) -> dict:
     args.server_args = ["--n-sink", str(args.n_sink), "--window", str(args.window)]
     if args.model:
         args.server_args += ["--model", args.model]
+    if args.quantize != "none":
+        args.server_args += ["--quantize", args.quantize]
     texts = prompts(400)
     ns = [int(x) for x in args.clients.split(",") if x]
     plan = [("sinklab", n) for n in ns]

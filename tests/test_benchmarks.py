@@ -211,3 +211,25 @@ def test_decode_benchmark_runs_every_arm_on_a_tiny_model(tmp_path, tiny_model_di
     assert rows["float32"]["first_token_unlike_float32"] is None
     assert report["machine"]["nproc"] and "flags" in report["machine"]
     assert len(report["runs"]) == 4 and report["load_average_at_end"]
+
+
+PROBE_PROFILE = Path(__file__).resolve().parents[1] / "benchmarks" / "probe_profile.py"
+
+
+def test_probe_profile_names_the_ops_that_grow_from_the_forward(tmp_path, tiny_model_dir):
+    """benchmarks/probe_profile.py end to end on a tiny model: both runs profiled, the growth
+    of each op computed from the two profiles' own numbers, the ratio from their CPU seconds."""
+    import subprocess
+    import sys
+
+    out = tmp_path / "profile.json"
+    cmd = [sys.executable, str(PROBE_PROFILE), "--model", str(tiny_model_dir("llama")),
+           "--length", "64", "--threads", "1", "--out", str(out)]  # fmt: skip
+    subprocess.run(cmd, check=True, capture_output=True, timeout=300)
+    report = json.loads(out.read_text())
+    assert report["sdpa"]["top_ops"] and report["probe"]["top_ops"]
+    want = report["probe"]["cpu_seconds"] / report["sdpa"]["cpu_seconds"]
+    assert report["ratio_cpu"] == pytest.approx(want, abs=1e-3)
+    grown = list(report["grew_most"].values())
+    assert grown == sorted(grown, reverse=True) and grown[0] > 0
+    assert report["machine"]["cpu"] and isinstance(report["machine"]["flags"], list)
