@@ -31,7 +31,7 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from sinklab.errors import SinklabError
-from sinklab.serve.completions import scorer_of
+from sinklab.serve.completions import gather, scorer_of
 from sinklab.serve.grammar import Format
 from sinklab.serve.protocol import ApiError, ChatRequest, chunk, completion_id, sse
 from sinklab.serve.scoring import Prompt, Task
@@ -104,39 +104,21 @@ async def answer(
             media_type="text/event-stream",
             headers={"Cache-Control": "no-cache"},
         )
-    texts: list[list[str]] = [[] for _ in range(n)]
-    finish: list[str | None] = [None] * n
-    try:
-        while True:
-            try:
-                kind, value = await asyncio.wait_for(events.get(), timeout=1.0)
-            except TimeoutError:
-                if await request.is_disconnected():
-                    task.cancelled.set()
-                    return Response(status_code=499)
-                continue
-            if kind == "piece":
-                texts[value.index].append(value.text)
-            elif kind == "finish":
-                finish[value[0]] = value[1]
-            elif kind == "error":
-                return JSONResponse(value.body(), status_code=value.status)
-            else:
-                choices = [
-                    {
-                        "index": i,
-                        "message": {"role": "assistant", "content": "".join(texts[i])},
-                        "finish_reason": finish[i],
-                        "logprobs": None,
-                    }
-                    for i in range(n)
-                ]
-                return JSONResponse({"id": cid, "object": "chat.completion",
-                                     "created": int(time.time()), "model": model,
-                                     "choices": choices, "usage": value, "seed": seed})  # fmt: skip
-    except asyncio.CancelledError:
-        task.cancelled.set()
-        raise
+    got = await gather(request, task, events, n)
+    if isinstance(got, Response):
+        return got
+    choices = [
+        {
+            "index": i,
+            "message": {"role": "assistant", "content": got.texts[i]},
+            "finish_reason": got.finish[i],
+            "logprobs": None,
+        }
+        for i in range(n)
+    ]
+    return JSONResponse({"id": cid, "object": "chat.completion", "created": int(time.time()),
+                         "model": model, "choices": choices, "usage": got.usage,
+                         "seed": seed})  # fmt: skip
 
 
 def _at(body: dict[str, Any], index: int) -> dict[str, Any]:

@@ -16,7 +16,7 @@ import asyncio
 import secrets
 import time
 from collections.abc import AsyncIterator, Callable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
 from fastapi import Request
@@ -182,6 +182,50 @@ def scorer_of(server: Host) -> Scorer:
     return scorer
 
 
+@dataclass
+class Gathered:
+    """A stateless task's whole answer: each choice's text, legacy entries and finish reason,
+    and the usage."""
+
+    texts: list[str]
+    entries: list[list[Entry]]
+    finish: list[str | None]
+    usage: dict[str, Any]
+
+
+async def gather(
+    request: Request, task: Task, events: asyncio.Queue, n: int
+) -> Gathered | Response:
+    """The ``n`` choices of ``task`` from its events, for a whole (not streamed) response; or the
+    response that ends it early: 499 when the client left (checked every second; the task is
+    cancelled, as it is when this coroutine is), the error's JSON when the task failed. Shared
+    by the stateless routes (completions, responses, chat with ``n`` > 1)."""
+    texts: list[list[str]] = [[] for _ in range(n)]
+    entries: list[list[Entry]] = [[] for _ in range(n)]
+    finish: list[str | None] = [None] * n
+    try:
+        while True:
+            try:
+                kind, value = await asyncio.wait_for(events.get(), timeout=1.0)
+            except TimeoutError:
+                if await request.is_disconnected():
+                    task.cancelled.set()
+                    return Response(status_code=499)
+                continue
+            if kind == "piece":
+                texts[value.index].append(value.text)
+                entries[value.index] += value.entries
+            elif kind == "finish":
+                finish[value[0]] = value[1]
+            elif kind == "error":
+                return JSONResponse(value.body(), status_code=value.status)
+            else:
+                return Gathered(["".join(t) for t in texts], entries, finish, value)
+    except asyncio.CancelledError:
+        task.cancelled.set()
+        raise
+
+
 def temperature_of(server: Host, chat: ChatRequest) -> float:
     """The request's temperature, else the server's default (as on the chat route)."""
     return server.engine.chat_config.temperature if chat.temperature is None else chat.temperature
@@ -261,40 +305,20 @@ class Completions:
         seed: int,
         n: int,
     ) -> Response:
-        texts: list[list[str]] = [[] for _ in range(n)]
-        entries: list[list[Entry]] = [[] for _ in range(n)]
-        finish: list[str | None] = [None] * n
-        try:
-            while True:
-                try:
-                    kind, value = await asyncio.wait_for(events.get(), timeout=1.0)
-                except TimeoutError:
-                    if await request.is_disconnected():
-                        task.cancelled.set()
-                        return Response(status_code=499)
-                    continue
-                if kind == "piece":
-                    texts[value.index].append(value.text)
-                    entries[value.index] += value.entries
-                elif kind == "finish":
-                    finish[value[0]] = value[1]
-                elif kind == "error":
-                    return JSONResponse(value.body(), status_code=value.status)
-                else:
-                    choices = [
-                        {
-                            "index": i,
-                            "text": "".join(texts[i]),
-                            "logprobs": legacy(entries[i]) if task.logprobs is not None else None,
-                            "finish_reason": finish[i],
-                        }
-                        for i in range(n)
-                    ]
-                    return JSONResponse({**head, "created": int(time.time()), "choices": choices,
-                                         "usage": value, "seed": seed})  # fmt: skip
-        except asyncio.CancelledError:
-            task.cancelled.set()
-            raise
+        got = await gather(request, task, events, n)
+        if isinstance(got, Response):
+            return got
+        choices = [
+            {
+                "index": i,
+                "text": got.texts[i],
+                "logprobs": legacy(got.entries[i]) if task.logprobs is not None else None,
+                "finish_reason": got.finish[i],
+            }
+            for i in range(n)
+        ]
+        return JSONResponse({**head, "created": int(time.time()), "choices": choices,
+                             "usage": got.usage, "seed": seed})  # fmt: skip
 
     async def _stream(
         self,

@@ -33,6 +33,7 @@ from sinklab.errors import SinklabError
 from sinklab.serve.completions import (
     Host,
     check_model,
+    gather,
     parse_route,
     scorer_of,
     temperature_of,
@@ -243,28 +244,13 @@ class Responses:
                 media_type="text/event-stream",
                 headers={"Cache-Control": "no-cache"},
             )
-        text, finish = [], "stop"
-        try:
-            while True:
-                try:
-                    kind, value = await asyncio.wait_for(events.get(), timeout=1.0)
-                except TimeoutError:
-                    if await request.is_disconnected():
-                        task.cancelled.set()
-                        return Response(status_code=499)
-                    continue
-                if kind == "piece":
-                    text.append(value.text)
-                elif kind == "finish":
-                    finish = value[1]
-                elif kind == "error":
-                    return JSONResponse(value.body(), status_code=value.status)
-                else:
-                    body = self._body(req, chat, "".join(text), finish, value, temperature, ids_)
-                    return JSONResponse(body)
-        except asyncio.CancelledError:
-            task.cancelled.set()
-            raise
+        got = await gather(request, task, events, 1)
+        if isinstance(got, Response):
+            return got
+        finish = got.finish[0] or "stop"
+        return JSONResponse(
+            self._body(req, chat, got.texts[0], finish, got.usage, temperature, ids_)
+        )
 
     async def _stream(
         self,
