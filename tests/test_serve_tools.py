@@ -101,9 +101,15 @@ def test_a_call_is_parsed_and_its_result_continues_the_session(qwen, client):
 @pytest.mark.parametrize(
     ("extra", "param", "needle"),
     [
-        ({"tool_choice": "required"}, "tool_choice", "is not built"),
-        ({"tool_choice": {"type": "function", "function": {"name": "get_weather"}}},
-         "tool_choice", "is not built"),
+        ({"tool_choice": {"type": "function", "function": {"name": "get_time"}}},
+         "tool_choice", "not one of this request's tools"),
+        ({"tool_choice": {"type": "function", "function": {"name": "get_weather"}, "x": 1}},
+         "tool_choice", "must be"),
+        ({"tool_choice": "required", "response_format": {"type": "json_object"}},
+         "response_format", "cannot also call tools"),
+        ({"tool_choice": "required", "tools": [{"type": "function", "function": {
+            "name": "f", "parameters": {"type": "object", "x-guidance": {"lenient": True}}}}]},
+         "tools.0.function.parameters", "x-guidance"),
         ({"tools": [{"type": "function", "function": {"name": "bad name"}}]},
          "tools.0.function.name", "pattern"),
     ],
@@ -252,3 +258,67 @@ def test_langchain_bind_tools_gets_the_call_and_continues(qwen, client):
     assert calls_again == bool(reply.tool_calls)  # the model may call again or answer
     assert reply.tool_calls or reply.content
     assert "Traceback" not in qwen.log
+
+
+TWO = [
+    *WEATHER,
+    {
+        "type": "function",
+        "function": {
+            "name": "get_time",
+            "description": "Get the local time in a city",
+            "parameters": {
+                "type": "object",
+                "properties": {"city": {"type": "string"}, "format": {"enum": ["12h", "24h"]}},
+                "required": ["city", "format"],
+                "additionalProperties": False,
+            },
+        },
+    },
+]
+OFF_TOPIC = [{"role": "user", "content": "Hello! Who wrote Hamlet?"}]
+
+
+def test_a_forced_call_is_a_call_where_auto_answers_in_text(qwen, client):
+    """On a question no tool answers, qwen2.5 writes text under ``auto``; under ``required``
+    (one call: ``parallel_tool_calls`` false) the reply is one call of one of the tools, and
+    under a named function a call of that one, with arguments its schema accepts. The session
+    keeps the forced call and continues after the tool's answer."""
+    kw = {"model": QWEN, "tools": TWO, "temperature": 0, "max_tokens": 48}
+    auto = client.chat.completions.create(messages=OFF_TOPIC, **kw)
+    assert auto.choices[0].finish_reason == "stop" and not auto.choices[0].message.tool_calls
+    required = client.chat.completions.create(
+        messages=OFF_TOPIC, tool_choice="required", parallel_tool_calls=False, **kw
+    )
+    choice = required.choices[0]
+    assert choice.finish_reason == "tool_calls" and choice.message.content is None, choice
+    (call,) = choice.message.tool_calls
+    assert call.function.name in ("get_weather", "get_time")
+    named = client.chat.completions.create(
+        messages=OFF_TOPIC, parallel_tool_calls=False,
+        tool_choice={"type": "function", "function": {"name": "get_time"}}, **kw,
+    )  # fmt: skip
+    (call,) = named.choices[0].message.tool_calls
+    args = json.loads(call.function.arguments)
+    assert call.function.name == "get_time" and set(args) == {"city", "format"}
+    assert isinstance(args["city"], str) and args["format"] in ("12h", "24h")
+    history = [
+        *OFF_TOPIC,
+        named.choices[0].message.model_dump(exclude_none=True),
+        {"role": "tool", "tool_call_id": call.id, "content": '{"time": "09:30"}'},
+    ]
+    again = client.chat.completions.create(messages=history, **kw)
+    assert again.model_extra["session_id"] == named.model_extra["session_id"]
+    assert "Traceback" not in qwen.log
+
+
+def test_langchain_tool_choice_required_gets_a_call(qwen):
+    """LangChain's ``bind_tools(..., tool_choice="required")`` sends OpenAI's ``"required"``;
+    the reply is a call where the unbound model answers in text."""
+    from langchain_openai import ChatOpenAI
+
+    llm = ChatOpenAI(model=QWEN, base_url=qwen.base, api_key="k", max_retries=0, timeout=600,
+                     temperature=0, max_tokens=48)  # fmt: skip
+    bound = llm.bind_tools(TWO, tool_choice="required", parallel_tool_calls=False)
+    got = bound.invoke(OFF_TOPIC[0]["content"])
+    assert [c["name"] for c in got.tool_calls] in (["get_weather"], ["get_time"]), got

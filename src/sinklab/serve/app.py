@@ -156,6 +156,12 @@ class Server:
                 code="unsupported_parameter",
                 param="response_format",
             )
+        if (forced := req.forced_tools()) is not None:  # "required" or a named function
+            self._tools(req)  # a template without tools: its 400 first
+            parallel = req.parallel_tool_calls is not False
+            fmt = await asyncio.to_thread(
+                formats.tool_calls, forced, self.engine.call_markers, parallel
+            )
         grammar = None if fmt is None else await asyncio.to_thread(formats.constraint, fmt)
         # unseeded: a fresh seed, returned so the reply can be replayed (53 bits: exact in JSON)
         seed = req.seed if req.seed is not None else secrets.randbits(53)
@@ -188,6 +194,7 @@ class Server:
             sampling=sampling,
             tool_names=frozenset(t["function"]["name"] for t in callable_tools or ()),
             grammar=grammar,
+            forced=forced is not None,
         )
         try:
             self.engine.submit(job)

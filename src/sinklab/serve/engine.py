@@ -31,7 +31,7 @@ from sinklab.serve.protocol import ApiError
 from sinklab.serve.registry import Registry
 from sinklab.serve.sampling import Sampling, TurnFailed
 from sinklab.serve.sessions import Session, SessionStore
-from sinklab.serve.tools import as_sent, parse_calls, renders_tools
+from sinklab.serve.tools import as_sent, call_markers, parse_calls, renders_tools
 from sinklab.stream.cache import CacheConfig, SinkCache
 from sinklab.stream.chat import ChatConfig, ChatSession, Opened
 from sinklab.stream.generation import StreamBatch, TextStream, _piece, read_rows
@@ -80,6 +80,7 @@ class Job:
     tool_names: frozenset[str] = frozenset()  # the tools the reply may call (:mod:`.tools`)
     parsed: tuple[str | None, list[dict[str, Any]]] | None = None  # the reply, its calls
     grammar: Constraint | None = None  # response_format's mask (:mod:`.grammar`)
+    forced: bool = False  # the grammar forces calls (tool_choice "required" or a named one)
 
 
 class Engine:
@@ -104,6 +105,8 @@ class Engine:
         )
         self.make_chat()  # refuses a tokenizer without a chat template, before serving
         self.tools_ok = renders_tools(tokenizer)  # its template renders a request's tools
+        # how its template asks for calls (for a forced call's grammar)
+        self.call_markers = call_markers(tokenizer) if self.tools_ok else None
         vocab = int(getattr(model.config, "vocab_size", 0) or len(tokenizer))
         self.formats = Formats(tokenizer, vocab, sorted(self.make_chat().stops))
         self.registry = Registry(config, store, self.new_session, self.make_chat, log, clock)
@@ -463,7 +466,9 @@ class Engine:
         """The reply as the client gets it: its content and its tool calls (parsed once)."""
         if job.parsed is None:
             job.parsed = (
-                parse_calls(job.text, set(job.tool_names)) if job.tool_names else (job.text, [])
+                parse_calls(job.text, set(job.tool_names), job.forced)
+                if job.tool_names
+                else (job.text, [])
             )
         return job.parsed
 
@@ -500,7 +505,10 @@ class Engine:
         logprobs = job.logprobs[: len(job.tokens) - int(job.cut)]  # as the session keeps it
         content, calls = self._calls(job)
         return {
-            "finish_reason": "tool_calls" if calls else finish,
+            # a forced reply cut by max_tokens keeps its finished calls and says it was cut
+            "finish_reason": "tool_calls"
+            if calls and not (job.forced and finish == "length")
+            else finish,
             "reply": content if calls else job.text,
             "tool_calls": calls,
             "logprobs": {"content": logprobs} if job.sampling and job.sampling.logprobs else None,

@@ -28,6 +28,7 @@ import torch
 
 from sinklab.serve.protocol import ApiError
 from sinklab.serve.sampling import TurnFailed
+from sinklab.serve.tools import call_schema
 
 ANY_OBJECT: dict[str, Any] = {"type": "object"}  # json_object: any JSON object
 # Between two JSON tokens, at most 16 spaces, newlines or tabs: room for indented output, and a
@@ -146,6 +147,46 @@ class Formats:
             first = (notes or ["invalid"])[0].splitlines()[0]
             raise _bad(f"not a JSON schema this server can enforce: {first}", where)
         return Format(grammar, name)
+
+    def tool_calls(
+        self, tools: list[dict[str, Any]], markers: tuple[str, str] | None, parallel: bool
+    ) -> Format:
+        """The grammar of a reply that is calls of ``tools`` and nothing else (``tool_choice``
+        ``"required"``, or one named function): each call ``{"name": ..., "arguments": ...}``
+        with the tool's ``parameters`` as the arguments' schema, inside the template's
+        ``markers`` (:func:`.tools.call_markers`; one call or, when ``parallel``, several on
+        lines of their own), or one bare JSON object where the template names no markers. A
+        tool's parameters this server cannot enforce are a 400 naming them."""
+        from llguidance import LLMatcher
+
+        for i, tool in enumerate(tools):
+            if "x-guidance" in (tool["function"].get("parameters") or {}):
+                raise _bad(
+                    "x-guidance (grammar-engine options) is not accepted in a schema",
+                    f"tools.{i}.function.parameters",
+                )
+        schemas = [call_schema(t) for t in tools]
+        body = schemas[0] if len(schemas) == 1 else {"anyOf": schemas}
+        body = {**body, "x-guidance": {"whitespace_pattern": WHITESPACE}}
+        if markers is None:
+            lark = f"start: %json {json.dumps(body)}"
+        else:
+            start = 'call ("\\n" call)*' if parallel else "call"
+            lark = (
+                f"start: {start}\n"
+                f'call: {markers[0]} "\\n" body "\\n" {markers[1]}\n'
+                f"body: %json {json.dumps(body)}"
+            )
+        why = "a tool's parameters are not a JSON schema this server can enforce"
+        try:
+            grammar = LLMatcher.grammar_from_lark(lark)
+        except (ValueError, TypeError) as err:
+            raise _bad(f"{why}: {err}", "tools") from None
+        failed, notes = LLMatcher.validate_grammar_with_warnings(grammar, self._llg("tools"))
+        if failed or notes:
+            first = (notes or ["invalid"])[0].splitlines()[0]
+            raise _bad(f"{why}: {first}", "tools")
+        return Format(grammar, "tool-call")
 
     def constraint(self, fmt: Format) -> Constraint:
         """A fresh matcher for one reply."""

@@ -214,22 +214,43 @@ class ChatRequest(BaseModel):
     user: str | None = None  # an end-user id, as OpenAI's: it changes nothing in the reply
     metadata: dict[str, str] | None = None  # as OpenAI's: tags, it changes nothing either
     tools: list[Tool] | None = None  # rendered by the chat template (:mod:`.tools`)
-    tool_choice: str | dict[str, Any] | None = None  # "auto" (with tools) or "none"
+    # "auto", "none", "required" or {"type": "function", "function": {"name": ...}}: the last
+    # two force calls, by a grammar (:meth:`.grammar.Formats.tool_calls`)
+    tool_choice: str | dict[str, Any] | None = None
     parallel_tool_calls: bool | None = None  # false: the reply stops after its first call
 
     @field_validator("tool_choice")
     @classmethod
     def _tool_choice(cls, value: Any) -> Any:
-        if value is not None and value not in ("none", "auto"):
-            raise ValueError(
-                "only 'auto' and 'none' are supported: forcing a call ('required', a named "
-                "function) is not built (response_format constrains replies, not tool calls)"
-            )
-        return value
+        if value is None or value in ("none", "auto", "required"):
+            return value
+        if (
+            isinstance(value, dict)
+            and set(value) == {"type", "function"}
+            and value["type"] == "function"
+            and isinstance(value["function"], dict)
+            and set(value["function"]) == {"name"}
+            and isinstance(value["function"]["name"], str)
+        ):
+            return value
+        raise ValueError(
+            "must be 'none', 'auto', 'required' or {'type': 'function', 'function': {'name': NAME}}"
+        )
 
     def tools_on(self) -> bool:
         """Whether the request gives tools the model may call (``tool_choice`` not "none")."""
         return bool(self.tools) and self.tool_choice != "none"
+
+    def forced_tools(self) -> list[dict[str, Any]] | None:
+        """The tools a reply must call (``tool_choice`` ``"required"``: any of them; a named
+        function: that one), as the template renders them; ``None`` when no call is forced."""
+        tools = [t.model_dump(exclude_none=True) for t in self.tools or []]
+        if self.tool_choice == "required":
+            return tools
+        if isinstance(self.tool_choice, dict):
+            name = self.tool_choice["function"]["name"]
+            return [t for t in tools if t["function"]["name"] == name]
+        return None
 
     @field_validator("n")
     @classmethod
@@ -318,10 +339,19 @@ def parse_request(body: bytes) -> ChatRequest:
         where = ".".join(str(x) for x in first["loc"]) or "body"
         msg = first["msg"].removeprefix("Value error, ")
         raise ApiError(400, f"{where}: {msg}", code="invalid_value", param=where) from None
-    if req.tool_choice == "auto" and not req.tools:
+    if req.tool_choice not in (None, "none") and not req.tools:
+        shown = repr(req.tool_choice) if isinstance(req.tool_choice, str) else "a named function"
         raise ApiError(
             400,
-            "tool_choice: 'auto' needs tools to choose from",
+            f"tool_choice: {shown} needs tools to choose from",
+            code="invalid_value",
+            param="tool_choice",
+        )
+    if req.forced_tools() == []:
+        raise ApiError(
+            400,
+            f"tool_choice: names {req.tool_choice['function']['name']!r}, which is not one of "  # type: ignore[index]
+            "this request's tools",
             code="invalid_value",
             param="tool_choice",
         )

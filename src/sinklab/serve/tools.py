@@ -9,6 +9,8 @@ parses as JSON, names one of the request's tools and has object arguments; anyth
 the reply's text. The session keeps the model's text as it wrote it (so its cache and its
 conversation agree), and remembers the calls as the client got them, so a client that sends the
 conversation back (the assistant message with its ``tool_calls``) continues the same session.
+A forced call (``tool_choice`` ``"required"`` or a named function) is written under a grammar of
+:func:`call_schema` objects in :func:`call_markers` (docs/serve.md#forced-calls).
 """
 
 from __future__ import annotations
@@ -79,12 +81,57 @@ def renders_tools(tokenizer: Any) -> bool:
     return "sinklab_probe_tool" in text
 
 
-def parse_calls(text: str, names: set[str]) -> tuple[str | None, list[dict[str, Any]]]:
+def call_markers(tokenizer: Any) -> tuple[str, str] | None:
+    """How the template asks for calls, as a grammar writes it (:mod:`.grammar`): Qwen's and
+    Hermes' ``<tool_call>`` ... ``</tool_call>`` blocks, each marker a token of its own (``<[id]>``:
+    the grammar engine reads an added token only by its id) or a string; ``None`` where the
+    rendering names no such block, so that a forced call is the bare JSON object
+    :func:`parse_calls` also takes."""
+    probe = [{"type": "function", "function": {"name": "sinklab_probe_tool", "parameters": {}}}]
+    try:
+        text = tokenizer.apply_chat_template(
+            [{"role": "user", "content": "x"}], tools=probe, tokenize=False,
+            add_generation_prompt=True,
+        )  # fmt: skip
+    except Exception:
+        return None
+    if "<tool_call>" not in text:
+        return None
+
+    def marker(piece: str) -> str:
+        ids = tokenizer.encode(piece, add_special_tokens=False)
+        return f"<[{ids[0]}]>" if len(ids) == 1 else json.dumps(piece)
+
+    return marker("<tool_call>"), marker(END)
+
+
+def call_schema(tool: dict[str, Any]) -> dict[str, Any]:
+    """The JSON schema of one call of ``tool`` as the templates ask for it and
+    :func:`parse_calls` takes it: ``{"name": <the tool's name>, "arguments": <its parameters>}``."""
+    params = tool["function"].get("parameters") or {"type": "object"}
+    return {
+        "type": "object",
+        "properties": {"name": {"const": tool["function"]["name"]}, "arguments": params},
+        "required": ["name", "arguments"],
+        "additionalProperties": False,
+    }
+
+
+def parse_calls(
+    text: str, names: set[str], forced: bool = False
+) -> tuple[str | None, list[dict[str, Any]]]:
     """The reply ``text`` as OpenAI's message: (its content outside the calls, or None when
-    nothing is left; the calls, as OpenAI returns them). No call: (text, [])."""
+    nothing is left; the calls, as OpenAI returns them). No call: (text, []). ``forced``: the
+    reply was written under a forced call's grammar, so an unfinished last block can only be a
+    call cut by ``max_tokens``; it is dropped and the finished calls are kept."""
     calls: list[dict[str, Any]] = []
     rest = text
     blocks = list(_BLOCK.finditer(text))
+    unfinished = forced and blocks and not blocks[-1].group(0).endswith(END)
+    if unfinished and _call(blocks[-1].group(1), names) is None:
+        text = text[: blocks[-1].start()]
+        blocks.pop()
+        rest = text
     if blocks:
         for m in blocks:
             call = _call(m.group(1), names)
