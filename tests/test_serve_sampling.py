@@ -174,6 +174,37 @@ def test_n_replies_are_the_seeds_draws_without_a_session(client, chat_dir, serve
     assert "Traceback" not in server.log
 
 
+def test_n_replies_carry_each_choices_own_logprobs(client, chat_dir, server):
+    """``logprobs`` with ``n`` > 1: choice ``j``'s entries (tokens, logprobs, top alternatives)
+    are those of the ``n = 1`` reply with seed ``seed + j``, within 1e-4; streamed, the same
+    entries by index."""
+    model = str(chat_dir)
+    kw = {"max_tokens": 8, "temperature": 1.3, "logprobs": True, "top_logprobs": 3}
+    out = _ask(client, model, "To be or not", n=3, seed=11, **kw)
+    singles = [_ask(client, model, "To be or not", seed=11 + j, **kw) for j in range(3)]
+
+    def rows(entries):
+        return [(e.token, e.logprob, [(t.token, t.logprob) for t in e.top_logprobs])
+                for e in entries]  # fmt: skip
+
+    for choice, single in zip(out.choices, singles, strict=True):
+        got, want = rows(choice.logprobs.content), rows(single.choices[0].logprobs.content)
+        assert [g[0] for g in got] == [w[0] for w in want] and got
+        assert len(got) == single.usage.completion_tokens - (
+            single.choices[0].finish_reason == "stop"
+        )  # one entry per reply token; the end of turn has none
+        for (_, lp, top), (_, wlp, wtop) in zip(got, want, strict=True):
+            assert abs(lp - wlp) < 1e-4 and len(top) == 3
+            assert [t for t, _ in top] == [t for t, _ in wtop]
+            assert max(abs(a - b) for (_, a), (_, b) in zip(top, wtop, strict=True)) < 1e-4
+    streamed: list[list] = [[], [], []]
+    for ch in _ask(client, model, "To be or not", n=3, seed=11, stream=True, **kw):
+        for c in ch.choices:
+            streamed[c.index] += c.logprobs.content if c.logprobs else []
+    assert [rows(s) for s in streamed] == [rows(c.logprobs.content) for c in out.choices]
+    assert "Traceback" not in server.log
+
+
 def test_unseeded_requests_draw_fresh_seeds_and_a_seed_replays(client, chat_dir):
     model = str(chat_dir)
     outs = [_ask(client, model, "To be or not", temperature=1.2, max_tokens=12) for _ in range(3)]
@@ -265,7 +296,6 @@ def test_usage_counts_the_whole_prompt_and_the_cached_part(client, chat_dir):
     [
         ({"n": 17}, "n", "1 to 16"),
         ({"n": 2, "session_id": "s1"}, "session_id", "not kept in a session"),
-        ({"n": 2, "logprobs": True}, "logprobs", "n > 1"),
         ({"n": 2, "tools": [{"type": "function", "function": {"name": "f"}}]}, "n", "tools"),
         ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools",
          "does not render tools"),

@@ -12,10 +12,13 @@ The choices are decoded one after another on the stateless routes' one thread, u
 request's one ``--request-timeout``. ``usage`` counts the prompt once and every choice's
 tokens. The response carries no ``session_id``.
 
+``logprobs`` / ``top_logprobs`` are each choice's own, as the chat route gives them for
+``n = 1`` (the model's log-softmax at each reply token; none for the end of turn), so choice
+``j``'s entries are the ``n = 1`` reply's with seed ``seed + j``.
+
 Refused with a 400 naming the field: a ``session_id`` (nothing is kept), ``tools`` or tool
-messages (a reply could be a call, and a call continues a session), ``logprobs`` (not built
-for several choices: send ``n`` requests), ``n`` above :data:`MAX_N`. ``response_format`` is
-honoured, a fresh matcher per choice.
+messages (a reply could be a call, and a call continues a session), ``n`` above
+:data:`MAX_N`. ``response_format`` is honoured, a fresh matcher per choice.
 """
 
 from __future__ import annotations
@@ -48,8 +51,6 @@ def refusal(req: ChatRequest) -> ApiError | None:
     if req.tools or any(m.uses_tools() for m in req.messages):
         return _bad("n", "n > 1 with tools or tool messages is not supported (a reply may be a "
                     "call, which continues a session): send n = 1")  # fmt: skip
-    if req.logprobs:
-        return _bad("logprobs", "logprobs with n > 1 is not built; send n requests with n = 1")
     return None
 
 
@@ -94,6 +95,7 @@ async def answer(
         continues=False,
         grammar=None if fmt is None else partial(formats.constraint, fmt),
         copies=n,
+        chat_logprobs=bool(req.logprobs),
     )
     scorer_of(server).submit(task)
     cid, model = completion_id(), server.config.model_id
@@ -112,7 +114,7 @@ async def answer(
             "index": i,
             "message": {"role": "assistant", "content": got.texts[i]},
             "finish_reason": got.finish[i],
-            "logprobs": None,
+            "logprobs": {"content": got.entries[i]} if req.logprobs else None,
         }
         for i in range(n)
     ]
@@ -142,8 +144,10 @@ async def _stream(
             yield sse(_at(chunk(cid, model, {"role": "assistant", "content": ""}, None, extra), i))
         while True:
             kind, value = await events.get()
-            if kind == "piece" and value.text:
-                yield sse(_at(chunk(cid, model, {"content": value.text}, None, extra), value.index))
+            if kind == "piece" and (value.text or value.entries):
+                lp = value.entries if task.chat_logprobs else None
+                delta = {"content": value.text}
+                yield sse(_at(chunk(cid, model, delta, None, extra, lp), value.index))
             elif kind == "finish":
                 yield sse(_at(chunk(cid, model, {}, value[1], extra), value[0]))
             elif kind == "error":

@@ -56,7 +56,7 @@ class Piece:
 
     index: int
     text: str
-    entries: list[Entry]
+    entries: list[Entry]  # or, for a task with ``chat_logprobs``, the chat route's entries
 
 
 @dataclass
@@ -87,6 +87,10 @@ class Task:
     grammar: Callable[[], Constraint] | None = None
     copies: int = 1  # choices per prompt (``n``): choice ``i * copies + j`` is prompt i's j-th
     continues: bool = True  # the reply continues the prompt's text (False: a chat reply)
+    # chat ``logprobs`` (``n`` > 1 on the chat route): each reply token's entry as the chat
+    # route gives it (:meth:`Sampling.logprob_entry`, ``top_logprobs`` from the sampling), in
+    # place of legacy entries; the end-of-turn token has none, as on the chat route
+    chat_logprobs: bool = False
     cancelled: threading.Event = field(default_factory=threading.Event)
 
 
@@ -283,7 +287,7 @@ class Scorer:
         grammar = None if task.grammar is None else task.grammar()
         hold = max((len(s) - 1 for s in task.stops), default=0)
         text, sent, counts = "", 0, Counter()
-        entries: list[Entry] = []  # not sent yet
+        entries: list[Any] = []  # not sent yet
         dev = input_device(self.model)
         n, finish, cut = 0, "length", False
         while n < task.max_tokens:
@@ -301,6 +305,8 @@ class Scorer:
             n += 1
             if task.logprobs is not None:
                 entries.append(self._entry(logits, tok, task.logprobs, before + len(text)))
+            elif task.chat_logprobs:
+                entries.append(task.sampling.logprob_entry(logits, tok, self.tok))
             text += detok.push([tok])
             at = min((i for s in task.stops if (i := text.find(s)) >= 0), default=-1)
             if at >= 0:
