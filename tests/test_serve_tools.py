@@ -8,6 +8,7 @@ in tests/test_serve_sampling.py."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import openai
 import pytest
@@ -322,3 +323,118 @@ def test_langchain_tool_choice_required_gets_a_call(qwen):
     bound = llm.bind_tools(TWO, tool_choice="required", parallel_tool_calls=False)
     got = bound.invoke(OFF_TOPIC[0]["content"])
     assert [c["name"] for c in got.tool_calls] in (["get_weather"], ["get_time"]), got
+
+
+# ------------------------------------------- tools through three more real clients (unmodified)
+
+
+def test_litellm_tools_get_the_official_clients_call_and_continue(qwen, client):
+    """litellm's ``openai/`` provider with ``tools``: the call the official client gets, and the
+    conversation sent back with litellm's own assistant message and a tool result continues."""
+    import os
+
+    os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # no price map from GitHub
+    import litellm
+
+    messages = [{"role": "user", "content": ASK}]
+    kw = {"model": f"openai/{QWEN}", "api_base": qwen.base, "api_key": "k", "tools": WEATHER,
+          "temperature": 0, "max_tokens": 40}  # fmt: skip
+    got = litellm.completion(messages=messages, **kw)
+    want = client.chat.completions.create(
+        model=QWEN, messages=messages, tools=WEATHER, temperature=0, max_tokens=40
+    ).choices[0].message.tool_calls  # fmt: skip
+    message = got.choices[0].message
+    assert got.choices[0].finish_reason == "tool_calls"
+    assert (
+        [(c.function.name, json.loads(c.function.arguments)) for c in message.tool_calls]
+        == [(c.function.name, json.loads(c.function.arguments)) for c in want]
+        == [("get_weather", {"city": "Paris"})]
+    )
+    result = {"role": "tool", "tool_call_id": message.tool_calls[0].id, "content": "18 C, clear"}
+    again = litellm.completion(
+        messages=[*messages, message.model_dump(exclude_none=True), result], **kw
+    )
+    reply = again.choices[0]  # the model may call again or answer: either is reported as such
+    assert (reply.finish_reason == "tool_calls") == bool(reply.message.tool_calls)
+    assert reply.message.tool_calls or reply.message.content
+    assert "Traceback" not in qwen.log
+
+
+def test_agents_sdk_runs_a_function_tool(qwen):
+    """The openai-agents SDK's ``Agent`` with a ``function_tool`` on its chat-completions model:
+    under ``tool_choice`` "required" (forced by the grammar) the model calls the tool, the SDK
+    runs it with the parsed arguments, and ``stop_on_first_tool`` makes its output the run's
+    (one call: with parallel calls allowed qwen2.5-0.5b writes the same call twice)."""
+    import os
+
+    os.environ.setdefault("OPENAI_AGENTS_DISABLE_TRACING", "1")  # it exports to OpenAI
+    import agents
+
+    seen: list[str] = []
+
+    @agents.function_tool
+    def get_weather(city: str) -> str:
+        """Get the current weather in a city."""
+        seen.append(city)
+        return "18 C, clear"
+
+    model = agents.OpenAIChatCompletionsModel(
+        model=QWEN,
+        openai_client=openai.AsyncOpenAI(base_url=qwen.base, api_key="k", max_retries=0),
+    )
+    agent = agents.Agent(
+        name="weather", instructions="You are a helpful assistant.", model=model,
+        tools=[get_weather], tool_use_behavior="stop_on_first_tool",
+        model_settings=agents.ModelSettings(
+            temperature=0, max_tokens=48, tool_choice="required", parallel_tool_calls=False
+        ),
+    )  # fmt: skip
+    result = agents.Runner.run_sync(agent, ASK, max_turns=2)
+    assert seen == ["Paris"] and result.final_output == "18 C, clear"
+    assert "Traceback" not in qwen.log
+
+
+def test_llm_cli_runs_a_tool_chain(qwen, tmp_path):
+    """The ``llm`` CLI with ``--functions``: the server's parsed call is run by llm, whose tool
+    result goes back as a ``tool`` message and continues the same session. qwen2.5-0.5b then
+    calls the tool again (it does so under transformers' ``generate`` on the same template
+    too), so llm's chain limit of 2 ends the run at that second reply: the error is llm's, the
+    round trip before it is whole."""
+    import os
+    import subprocess
+    import sys
+
+    import httpx
+
+    (tmp_path / "extra-openai-models.yaml").write_text(
+        f"- model_id: qwen\n  model_name: {QWEN}\n  api_base: {json.dumps(qwen.base)}\n"
+        "  api_key_name: sinklab\n  supports_tools: true\n"
+    )
+    (tmp_path / "keys.json").write_text(json.dumps({"sinklab": "k"}))
+    env = {**os.environ, "LLM_USER_PATH": str(tmp_path), "LLM_LOAD_PLUGINS": ""}
+    fn = 'def get_weather(city: str) -> str:\n    "Get the current weather in a city"\n    ' \
+         'return "18 C, clear"\n'  # fmt: skip
+    before = {s["id"] for s in _sessions(qwen)}
+    done = subprocess.run(
+        [str(Path(sys.executable).with_name("llm")), "prompt", "-m", "qwen", "-o", "temperature",
+         "0", "-o", "max_tokens", "40", "--functions", fn, "--td", "--cl", "2", ASK],
+        env=env, capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    out = done.stdout + done.stderr
+    assert out.count("Tool call: get_weather({'city': 'Paris'})") == 1, out
+    assert "Chain limit of 2 exceeded" in out, out
+    (sid,) = {s["id"] for s in _sessions(qwen)} - before
+    held = httpx.get(f"{qwen.base}/sessions/{sid}", headers={"Authorization": "Bearer k"}).json()
+    roles = [m["role"] for m in held["messages"]]
+    assert roles[:4] == ["user", "assistant", "tool", "assistant"], roles
+    assert held["messages"][2]["content"] == "18 C, clear"
+    assert held["messages"][1]["tool_calls"][0]["function"] == {
+        "name": "get_weather", "arguments": {"city": "Paris"}}  # fmt: skip
+    assert "Traceback" not in qwen.log
+
+
+def _sessions(served) -> list[dict]:
+    import httpx
+
+    got = httpx.get(f"{served.base}/sessions", headers={"Authorization": "Bearer k"})
+    return got.json()["data"]
