@@ -24,10 +24,9 @@ def model(tiny_model_factory):
     return tiny_model_factory("llama", seed=13)
 
 
-def _engine(model, chat_tokenizer) -> Engine:
-    return Engine(
-        model, chat_tokenizer, ServeConfig(n_sink=N_SINK, window=WINDOW), None, Metrics(), print
-    )
+def _engine(model, chat_tokenizer, **config) -> Engine:
+    cfg = ServeConfig(n_sink=N_SINK, window=WINDOW, **config)
+    return Engine(model, chat_tokenizer, cfg, None, Metrics(), print)
 
 
 def _turn(engine: Engine, sid: str, new, max_tokens: int, stops: list[str] | None = None):
@@ -259,3 +258,54 @@ def test_a_nan_row_in_the_batched_decode_fails_only_its_request(model, chat_toke
     assert events["ok"] == alone
     again = _turn(engine, "ok2", [{"role": "user", "content": TURNS[0]}], 6)
     assert again[-1] == alone[-1]
+
+
+def _score_task(prompt_ids: list[int], emit, max_tokens: int = 4):
+    """A ``/v1/completions`` request for ``prompt_ids`` (greedy, ``logprobs: 1``)."""
+    from sinklab.serve.scoring import Prompt, Task
+
+    return Task([Prompt(prompt_ids)], max_tokens, Sampling(), 0, [], False, 1, float("inf"), emit)
+
+
+def test_scoring_interleaves_with_chat_decode(model, chat_tokenizer):
+    """A long ``/v1/completions`` prompt is read on the engine's thread, one forward per engine
+    step, between the chat turns' decode steps (not on a thread of its own that competes with
+    them): the chat reply is decoded while the prompt is still being read, and both answers equal
+    the ones each gets alone."""
+    ids = [
+        int(t) for t in torch.randint(3, 200, (300,), generator=torch.Generator().manual_seed(5))
+    ]
+    alone = _engine(model, chat_tokenizer, prompt_chunk=16)  # scoring alone, drained by hand
+    solo: list = []
+    alone.scorer.submit(_score_task(ids, solo.append))
+    alone.scorer.drain()
+    new = [{"role": "user", "content": TURNS[0]}]
+    chat_alone = _turn(_engine(model, chat_tokenizer, prompt_chunk=16), "s", new, 12)
+
+    engine = _engine(model, chat_tokenizer, prompt_chunk=16)
+    assert engine.config.prompt_chunk < len(ids) // 4  # the prompt takes many pieces
+    timeline: list[str] = []
+    step = engine.scorer.step
+    engine.scorer.step = lambda: (timeline.append("score-step"), step())[1]  # type: ignore[method-assign]
+    scored: list = []
+    engine.scorer.submit(
+        _score_task(ids, lambda ev: (scored.append(ev), timeline.append("score-" + ev[0])))
+    )
+    session = engine.new_session("s", "t")
+    engine.sessions[("t", "s")] = session
+    chat: list = []
+    job = Job(session, new, 12, 0.0, None, [], float("inf"),
+              lambda ev: (chat.append(ev), timeline.append("chat-" + ev[0])))  # fmt: skip
+    engine.submit(job)
+    for _ in range(500):
+        if not (engine.busy() or engine.scorer.pending() or engine.queue.qsize()):
+            break
+        engine.step()
+    chat_done, score_done = timeline.index("chat-done"), timeline.index("score-done")
+    first_text = timeline.index("chat-text")
+    # the prompt was still being read when the chat reply ended, and was read during it
+    assert chat_done < score_done
+    assert chat_alone[-1][1]["usage"]["completion_tokens"] == 12  # twelve decode steps
+    assert timeline[first_text:chat_done].count("score-step") >= 9  # one forward each
+    assert chat == chat_alone
+    assert scored == solo and scored[-1][0] == "done"

@@ -8,9 +8,9 @@ rendered as ``sinklab chat`` renders it (its template, its first token), read on
 cache of its own by the stateless routes' :class:`~sinklab.serve.scoring.Scorer`, and each
 choice ``j`` is decoded from that read with its own draws: seed ``seed + j`` (so choice ``j``
 is the ``n = 1`` reply with seed ``seed + j``, modulo 2**64, and a seeded request replays).
-The choices are decoded one after another on the stateless routes' one thread, under the
-request's one ``--request-timeout``. ``usage`` counts the prompt once and every choice's
-tokens. The response carries no ``session_id``.
+The choices are decoded one after another by the stateless routes' scorer (stepped on the
+engine's thread), under the request's one ``--request-timeout``. ``usage`` counts the prompt
+once and every choice's tokens. The response carries no ``session_id``.
 
 ``logprobs`` / ``top_logprobs`` are each choice's own, as the chat route gives them for
 ``n = 1`` (the model's log-softmax at each reply token; none for the end of turn), so choice

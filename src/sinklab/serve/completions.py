@@ -171,15 +171,8 @@ def check_bias(server: Host, chat: ChatRequest) -> None:
 
 
 def scorer_of(server: Host) -> Scorer:
-    """The server's one :class:`Scorer` (made on first use)."""
-    scorer = getattr(server, "scorer", None)
-    if scorer is None:
-        cfg = server.config
-        scorer = Scorer(server.engine.model, server.engine.tok, cfg.n_sink, cfg.window,
-                        cfg.prompt_chunk, cfg.max_queue)  # fmt: skip
-        scorer.log = server.log
-        server.scorer = scorer  # type: ignore[attr-defined]
-    return scorer
+    """The server's one :class:`Scorer`: the engine's, stepped on its thread."""
+    return server.engine.scorer
 
 
 @dataclass

@@ -30,6 +30,7 @@ from sinklab.serve.metrics import Metrics
 from sinklab.serve.protocol import ApiError
 from sinklab.serve.registry import Registry
 from sinklab.serve.sampling import Sampling, TurnFailed
+from sinklab.serve.scoring import Scorer
 from sinklab.serve.sessions import Session, SessionStore
 from sinklab.serve.tools import as_sent, call_markers, parse_calls, renders_tools
 from sinklab.stream.cache import CacheConfig, SinkCache
@@ -121,6 +122,11 @@ class Engine:
         self.groups: list[tuple[SinkCache, list[Job]]] = []
         self._joining: list[Job] = []
         self._stop = threading.Event()
+        self._wake = threading.Event()  # set when a turn or a stateless request is queued
+        # the stateless routes' requests, one forward of them per step (docs/serve-routes.md)
+        self.scorer = Scorer(model, tokenizer, config.n_sink, config.window,
+                             config.prompt_chunk, config.max_queue, self._wake.set)  # fmt: skip
+        self.scorer.log = log
         self.thread = threading.Thread(target=self._run, name="sinklab-engine", daemon=True)
 
     # ------------------------------------------------------------------ sessions
@@ -159,6 +165,7 @@ class Engine:
                 headers={"Retry-After": "1"},
             )
         self.queue.put(job)
+        self._wake.set()
 
     def busy(self) -> bool:
         """Whether a turn is being read or decoded."""
@@ -166,13 +173,15 @@ class Engine:
 
     def step(self) -> None:
         """One engine step: admit waiting turns, read one piece of each turn being read, drop
-        the expired, decode one token of every reply."""
+        the expired, decode one token of every reply, and run one forward of the stateless
+        request in hand (:class:`~sinklab.serve.scoring.Scorer`)."""
         self._admit()
         if self.reading:
             self._read_step()
         self._expire()
         if self.active:
             self._step()
+        self.scorer.step()
 
     def _run(self) -> None:
         swept = 0.0
@@ -191,15 +200,18 @@ class Engine:
                 self.groups.clear()
                 self._joining.clear()
                 self.batch = StreamBatch(self.model, self.cache_config)
+                self.scorer.fail_all(ApiError(500, "the server failed to decode", "server_error"))
             self.metrics.set_batch(len(self.active))
 
     def _admit(self) -> None:
         """Take the turns waiting, as many as the batch has room for, to be read."""
+        if not self.busy() and not self.scorer.pending() and self.queue.empty():
+            self._wake.wait(0.05)  # idle: until a turn or a stateless request comes
+        self._wake.clear()  # (each put precedes its set: nothing queued is missed)
         jobs: list[Job] = []
         while len(self.active) + len(self.reading) + len(jobs) < self.config.max_batch:
             try:
-                wait = 0.05 if not self.busy() and not jobs else 0
-                jobs.append(self.queue.get(timeout=wait) if wait else self.queue.get_nowait())
+                jobs.append(self.queue.get_nowait())
             except queue.Empty:
                 break
         for job in jobs:

@@ -4,10 +4,13 @@ server's config, each piece fitted into the cache first, as ``sinklab chat`` rea
 scoring a long prompt is bounded in memory, then a reply is decoded one token at a time with the
 request's :class:`~sinklab.serve.sampling.Sampling`.
 
-The work runs on one thread of its own (:class:`Scorer`), one request at a time, beside the chat
-engine's thread (both only read the model's weights); a request waits its turn in a bounded
-queue (429 beyond it) and is dropped between pieces and tokens when its client leaves or its
-``--request-timeout`` passes. Nothing is kept after the reply: these routes hold no session.
+The work runs on the chat engine's thread, interleaved with its steps (:class:`Scorer`): one
+request at a time, one forward of it (a piece of its prompt, or one token of a reply) per engine
+step, beside the chat turns' pieces and decode; so a long prompt on these routes slows the chat
+replies by a piece per step, as a long chat prompt does, and never competes with them for the
+cores from a second thread. A request waits its turn in a bounded queue (429 beyond it) and is
+dropped between pieces and tokens when its client leaves or its ``--request-timeout`` passes.
+Nothing is kept after the reply: these routes hold no session.
 
 With a prompt that fits in the window, every prompt token's logprob equals a plain forward's
 log-softmax (the cache evicts nothing; only the summation order of the pieces differs;
@@ -20,7 +23,7 @@ import queue
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Generator
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -99,22 +102,32 @@ class Gone(Exception):
 
 
 class Scorer:
-    """The thread that reads prompts and decodes replies for the stateless routes."""
+    """The stateless routes' work, stepped by the chat engine's thread: :meth:`step` runs one
+    forward of the request in hand (a piece of its prompts or one token of a reply), so the
+    engine interleaves it with the chat turns (docs/serve-routes.md)."""
 
     def __init__(
-        self, model: Any, tokenizer: Any, n_sink: int, window: int, chunk: int, max_queue: int
+        self,
+        model: Any,
+        tokenizer: Any,
+        n_sink: int,
+        window: int,
+        chunk: int,
+        max_queue: int,
+        wake: Callable[[], None] = lambda: None,
     ) -> None:
         self.model, self.tok = model, tokenizer
         self.cache_config = CacheConfig("sink", n_sink, window)
         self.chunk, self.max_queue = chunk, max_queue
         self.eos = eos_ids(model, tokenizer)
         self.queue: queue.Queue[Task] = queue.Queue()
-        self._started = False
-        self._lock = threading.Lock()
+        self.wake = wake  # tells the engine's thread that work is waiting
+        self._task: Task | None = None
+        self._work: Generator[None, None, None] | None = None
         self.log: Callable[[str], None] = lambda _: None
 
     def submit(self, task: Task) -> None:
-        """Queue ``task`` (429 when ``max_queue`` are waiting); the thread starts on first use."""
+        """Queue ``task`` (429 when ``max_queue`` are waiting), from any thread."""
         if self.queue.qsize() >= self.max_queue:
             raise ApiError(
                 429,
@@ -123,28 +136,58 @@ class Scorer:
                 code="queue_full",
                 headers={"Retry-After": "1"},
             )
-        with self._lock:
-            if not self._started:
-                threading.Thread(target=self._run, name="sinklab-scorer", daemon=True).start()
-                self._started = True
         self.queue.put(task)
+        self.wake()
 
-    def _run(self) -> None:
-        while True:
-            task = self.queue.get()
+    def pending(self) -> bool:
+        """Whether a request is in hand or waiting."""
+        return self._work is not None or not self.queue.empty()
+
+    def step(self) -> None:
+        """Run one forward of the request in hand (taking the next one when none is): called
+        once per engine step, on the engine's thread. A request that fails answers alone."""
+        if self._work is None:
             try:
-                self.run(task)
-            except Gone:
-                self.log("completion dropped: its client left or --request-timeout passed")
-                if not task.cancelled.is_set():
-                    task.emit(("error", _timeout()))
-            except TurnFailed as err:
-                task.emit(("error", ApiError(err.status, str(err), code=err.code)))
-            except ApiError as err:  # e.g. a format's matcher that fails to start
-                task.emit(("error", err))
-            except Exception as err:  # never lose the thread: that request fails alone
-                self.log(f"completion failed: {type(err).__name__}: {err}")
-                task.emit(("error", ApiError(500, "the server failed to decode", "server_error")))
+                self._task = self.queue.get_nowait()
+            except queue.Empty:
+                return
+            self._work = self.run(self._task)
+        task = self._task
+        assert task is not None
+        try:
+            next(self._work)
+            return
+        except StopIteration:
+            pass
+        except Gone:
+            self.log("completion dropped: its client left or --request-timeout passed")
+            if not task.cancelled.is_set():
+                task.emit(("error", _timeout()))
+        except TurnFailed as err:
+            task.emit(("error", ApiError(err.status, str(err), code=err.code)))
+        except ApiError as err:  # e.g. a format's matcher that fails to start
+            task.emit(("error", err))
+        except Exception as err:  # never lose the engine: that request fails alone
+            self.log(f"completion failed: {type(err).__name__}: {err}")
+            task.emit(("error", ApiError(500, "the server failed to decode", "server_error")))
+        self._task = self._work = None
+
+    def fail_all(self, error: ApiError) -> None:
+        """Answer the request in hand and every waiting one with ``error`` (the engine failed)."""
+        tasks = [] if self._task is None else [self._task]
+        self._task = self._work = None
+        while True:
+            try:
+                tasks.append(self.queue.get_nowait())
+            except queue.Empty:
+                break
+        for task in tasks:
+            task.emit(("error", error))
+
+    def drain(self) -> None:
+        """Run every request to its end on the calling thread (tests without an engine)."""
+        while self.pending():
+            self.step()
 
     # ------------------------------------------------------------------ the work
     def _check(self, task: Task) -> None:
@@ -152,15 +195,18 @@ class Scorer:
             raise Gone
 
     @torch.inference_mode()
-    def run(self, task: Task) -> None:
+    def run(self, task: Task) -> Generator[None, None, None]:
         """Answer every prompt of ``task`` in order (events through ``task.emit``): up to
-        :data:`GROUP` prompts are read together, one left-padded forward a piece."""
+        :data:`GROUP` prompts are read together, one left-padded forward a piece; it yields
+        before each forward (where the engine runs its own step)."""
         prompt_tokens = completion_tokens = 0
         want = task.echo and task.logprobs is not None  # every prompt token's logprob
         for start in range(0, len(task.prompts), GROUP):
             group = task.prompts[start : start + GROUP]
             echoes = [self._echo(task, p, want) for p in group]
-            lasts, cache = self._read(task, [p.ids for p in group], [e[1] for e in echoes])
+            lasts, cache = yield from self._read(
+                task, [p.ids for p in group], [e[1] for e in echoes]
+            )
             for b, (prompt, (echoed, entries, _)) in enumerate(zip(group, echoes, strict=True)):
                 prompt_tokens += len(prompt.ids)  # once, however many choices (as OpenAI's)
                 for j in range(task.copies):  # each choice from the same read, its own draws
@@ -174,8 +220,9 @@ class Scorer:
                     own = cache
                     if (len(group) > 1 or task.copies > 1) and task.max_tokens > 1:
                         own = SinkCache.from_state(self.model, [cache.state(b)])
-                    completion_tokens += self._decode(task, index, own, lasts[b], detok,
-                                                      len(echoed), task.seed + j)  # fmt: skip
+                    completion_tokens += yield from self._decode(
+                        task, index, own, lasts[b], detok, len(echoed), task.seed + j
+                    )
         task.emit(
             (
                 "done",
@@ -213,7 +260,7 @@ class Scorer:
 
     def _read(
         self, task: Task, ids: list[list[int]], entries: list[list[Entry] | None]
-    ) -> tuple[list[torch.Tensor], SinkCache]:
+    ) -> Generator[None, None, tuple[list[torch.Tensor], SinkCache]]:
         """Read each of ``ids`` in its own row of one cache, piece by piece (each fitted into
         its row first, rows left-padded to the longest piece) -> each row's last logits and the
         cache; ``entries[b]``: fill in row ``b``'s logprobs and top alternatives."""
@@ -225,6 +272,7 @@ class Scorer:
         last: list[torch.Tensor | None] = [None] * len(ids)
         done = 0
         while done < max(len(r) for r in ids):
+            yield
             self._check(task)
             piece = _piece(cache, self.chunk, True)
             parts = [r[done : done + piece] for r in ids]
@@ -277,7 +325,7 @@ class Scorer:
         detok: TextStream,
         before: int,
         seed: int,
-    ) -> int:
+    ) -> Generator[None, None, int]:
         """Decode up to ``max_tokens`` of the reply (``before``: characters of the choice's text
         ahead of it, the echoed prompt; ``seed``: its draws', the request's seed plus the
         choice's copy number) -> how many tokens it has. Text that could start a stop string is
@@ -291,6 +339,7 @@ class Scorer:
         dev = input_device(self.model)
         n, finish, cut = 0, "length", False
         while n < task.max_tokens:
+            yield
             self._check(task)
             allowed = None if grammar is None else grammar.allowed(logits.numel())
             tok = task.sampling.pick(logits, counts, gen, allowed)
