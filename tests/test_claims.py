@@ -105,8 +105,8 @@ def test_stream_claim_is_the_log_ppl_ratio_after_eviction(tiny, tiny_tokenizer):
     result = run_claims(tiny, tiny_tokenizer, cfg)
     row = _row(result, "evict-sinks-collapse")
     start = cfg.n_sink + cfg.window
-    _, ids = text_samples(tiny_tokenizer, cfg, None)[0]
-    ids = ids[: cfg.stream_tokens]
+    _, ids = text_samples(tiny_tokenizer, cfg, None, cfg.stream_tokens)[0]
+    assert ids.numel() == cfg.stream_tokens
     nll = {
         p: stream_nll(tiny, ids, CacheConfig(p, cfg.n_sink, cfg.window))[0][start:]
         for p in ("window", "sink")
@@ -362,6 +362,29 @@ def test_bad_config_is_one_clear_error(kw, needle):
 def test_model_claims_without_a_model_is_an_error():
     with pytest.raises(SinklabError, match="need a model"):
         run_claims(None, None, ClaimsConfig(claims=("first-token-sinks",)))
+
+
+def test_the_stream_claim_reads_windows_of_its_own_length(tiny, tiny_tokenizer):
+    """The stream claim's windows are ``stream_tokens`` long, the others' ``window_tokens``
+    (docs/claims.md#stream-claim-sizes): window k of each starts k lengths into the text."""
+    from sinklab.corpus import first_token, load_text, token_windows
+
+    cfg = ClaimsConfig(**{**SMALL, "stream_tokens": 64}, windows=2,
+                       claims=("evict-sinks-collapse", "first-token-sinks"))  # fmt: skip
+    assert cfg.window_tokens == 48  # probe_tokens, not the stream's 64
+    result = run_claims(tiny, tiny_tokenizer, cfg)
+    tokens = {(s["name"], s["tokens"]) for s in result.run["stream_samples"]}
+    assert tokens == {(f"{t}#{k}", 64) for t in TEXTS for k in range(2)}
+    assert {s["tokens"] for s in result.run["samples"]} == {48}
+    first = first_token(tiny_tokenizer, None)
+    stream = token_windows(load_text(TEXTS[0]), tiny_tokenizer, 64, 2, first)
+    probe = token_windows(load_text(TEXTS[0]), tiny_tokenizer, 48, 2, first)
+    assert torch.equal(stream[0][:48], probe[0])  # the same start
+    assert not torch.equal(stream[1][:48], probe[1])  # window 1 starts 64 tokens in, not 48
+    got = text_samples(tiny_tokenizer, cfg, None, cfg.stream_tokens)
+    assert torch.equal(got[1][1], stream[1])
+    row = _row(result, "evict-sinks-collapse")
+    assert row["samples"][0]["n_targets"] == 64 - 1 - (cfg.n_sink + cfg.window)
 
 
 def test_windows_split_one_text(tiny_tokenizer):

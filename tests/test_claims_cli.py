@@ -171,3 +171,29 @@ def test_the_claims_table_on_a_narrow_pipe_cuts_no_verdict():
     for r in rows:
         line = next(ln for ln in out.splitlines() if r["id"] in ln)
         assert r["verdict"] in line and "[0.5, 0.7]" in line and "< 0.25" in line
+
+
+def test_the_commands_defaults_are_the_configs():
+    """Every ``sinklab claims`` option that sets a :class:`ClaimsConfig` size defaults to the
+    config's own default, so the command and the library run the same claims (a default spelled
+    twice drifted once: ``--stream-tokens`` stayed 320 when the config moved to 1280)."""
+    import dataclasses
+    import inspect
+
+    from sinklab.claims.core import ClaimsConfig
+    from sinklab.commands.claims import claims
+
+    fields = {f.name: f.default for f in dataclasses.fields(ClaimsConfig)}
+    renamed = {"tokens": "probe_tokens"}
+    checked = []
+    for name, param in inspect.signature(claims).parameters.items():
+        key = renamed.get(name, name)
+        if key not in fields or fields[key] is dataclasses.MISSING or param.default is None:
+            continue
+        want = fields[key]
+        got = param.default
+        if isinstance(want, tuple):  # e.g. cost_lengths, spelled as a comma list
+            got = tuple(int(x) for x in str(got).split(","))
+        assert got == want, f"--{name.replace('_', '-')} defaults to {got!r}, the config {want!r}"
+        checked.append(key)
+    assert {"probe_tokens", "stream_tokens", "window", "n_sink", "grid", "probes"} <= set(checked)

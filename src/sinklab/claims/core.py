@@ -69,7 +69,9 @@ class ClaimsConfig:
     q0: int = 16
     eps: float = 0.3
     probe_tokens: int = 256  # probe, geometry, density
-    stream_tokens: int = 320
+    # the stream claim reads its own windows, longer: its first 320 tokens of a play are the cast
+    # list (docs/claims.md#stream-claim-sizes)
+    stream_tokens: int = 1280
     n_sink: int = 4
     window: int = 60
     sensitivity_tokens: int = 128
@@ -148,8 +150,9 @@ class ClaimsConfig:
 
     @property
     def window_tokens(self) -> int:
-        """Tokens per text window: enough for the longest protocol."""
-        return max(self.probe_tokens, self.stream_tokens, self.sensitivity_tokens)
+        """Tokens per text window of the probe, geometry, density and sensitivity protocols
+        (the stream claim reads windows of ``stream_tokens`` of its own: :func:`text_samples`)."""
+        return max(self.probe_tokens, self.sensitivity_tokens)
 
     def wanted(self) -> tuple[str, ...]:
         return self.claims or CLAIM_IDS
@@ -275,27 +278,36 @@ class ClaimsResult:
         return records_frame(rows, [*columns, "n_valid", "n_samples", "reason"])
 
 
-def text_samples(tokenizer: Any, config: ClaimsConfig, max_positions: int | None) -> list[Sample]:
-    """``windows`` consecutive windows of ``window_tokens`` of each text: [(name, ids (T,))],
-    each starting with the run's first token(s) (``config.prepend``, by default the tokenizer's
-    own: :func:`sinklab.corpus.first_token`)."""
-    n = config.window_tokens if not max_positions else min(config.window_tokens, max_positions)
+def text_samples(
+    tokenizer: Any, config: ClaimsConfig, max_positions: int | None, tokens: int | None = None
+) -> list[Sample]:
+    """``windows`` consecutive windows of ``tokens`` (default ``config.window_tokens``; the
+    stream claim's are ``config.stream_tokens`` long) of each text: [(name, ids (T,))], each
+    starting with the run's first token(s) (``config.prepend``, by default the tokenizer's own:
+    :func:`sinklab.corpus.first_token`). Window ``k`` of the stream claim starts where window
+    ``k`` of the others does only for ``k = 0``."""
+    n = tokens or config.window_tokens
+    n = min(n, max_positions) if max_positions else n
     first = first_token(tokenizer, config.prepend)
     samples = []
     for spec in config.texts:
         try:
             rows = token_windows(load_text(spec), tokenizer, n, config.windows, first)
         except SinklabError as err:  # say which options asked for that many tokens
+            if tokens is not None:  # the stream claim's windows
+                raise SinklabError(
+                    f"{err} (each text needs {n} tokens x --windows {config.windows} for the "
+                    "stream claim: lower --stream-tokens)"
+                ) from None
             sizes = {
                 "--tokens": config.probe_tokens,
-                "--stream-tokens": config.stream_tokens,
                 "--sensitivity-tokens": config.sensitivity_tokens,
             }
             largest = max(sizes, key=lambda k: sizes[k])
             raise SinklabError(
                 f"{err} (each text needs {n} tokens x --windows {config.windows}: {n} is "
-                f"{largest} {sizes[largest]}, the largest of --tokens, --stream-tokens and "
-                f"--sensitivity-tokens; lower {largest})"
+                f"{largest} {sizes[largest]}, the larger of --tokens and --sensitivity-tokens; "
+                f"lower {largest})"
             ) from None
         for k in range(config.windows):
             name = spec if config.windows == 1 else f"{spec}#{k}"
@@ -365,17 +377,23 @@ def run_claims(
     groups = [g for g, ids in _GROUPS.items() if any(c in wanted for c in ids)]
     if groups and model is None:
         raise SinklabError("the model claims need a model; pass --model or choose lab claims")
-    if groups and samples is None:
-        samples = text_samples(tokenizer, config, max_positions)
-    samples = list(samples or [])
-    total = len(groups) * len(samples) + (config.cost_seeds if "sink-cheaper" in wanted else 0)
+    if samples is not None:  # the caller's samples, for every group
+        samples = streamed = list(samples)
+    else:  # the stream claim reads longer windows of its own (docs/claims.md#stream-claim-sizes)
+        others = [g for g in groups if g != "stream"]
+        samples = text_samples(tokenizer, config, max_positions) if others else []
+        streamed = []
+        if "stream" in groups:
+            streamed = text_samples(tokenizer, config, max_positions, config.stream_tokens)
+    total = sum(len(streamed if g == "stream" else samples) for g in groups)
+    total += config.cost_seeds if "sink-cheaper" in wanted else 0
     total += len(config.lab_plan.configs()) if config.trains_lab else 0
     tick = counter(progress, total)
     measured: dict[str, Measurement] = {}
     seconds: dict[str, float] = {}
     runners: dict[str, Callable[[], dict[str, Measurement]]] = {
         "probe": lambda: measure_probe(model, samples, config, tick),
-        "stream": lambda: measure_stream(model, samples, config, tick),
+        "stream": lambda: measure_stream(model, streamed, config, tick),
         "sensitivity": lambda: measure_sensitivity(model, tokenizer, samples, config, tick),
         "geometry": lambda: measure_geometry(model, samples, config, tick),
         "density": lambda: measure_density(model, samples, config, tick),
@@ -413,7 +431,8 @@ def run_claims(
         rows.append(ClaimRow(claim, m, interval, v.verdict, v.reason))
     run = {
         "samples": [{"name": n, "tokens": int(ids.numel())} for n, ids in samples],
-        "first_token": _first_token_record(tokenizer, config, samples),
+        "stream_samples": [{"name": n, "tokens": int(ids.numel())} for n, ids in streamed],
+        "first_token": _first_token_record(tokenizer, config, samples or streamed),
         "seconds_by_group": seconds,
         "threads": torch.get_num_threads(),
     }

@@ -82,8 +82,11 @@ def claims(
     ] = 256,
     stream_tokens: Annotated[
         int,
-        typer.Option(help=f"Tokens streamed per text (8..{MAX_CLAIMS_SIZES['stream_tokens']})."),
-    ] = 320,
+        typer.Option(
+            help=f"Tokens streamed per text window (8..{MAX_CLAIMS_SIZES['stream_tokens']}); the "
+            "stream claim reads windows of this length (docs/claims.md#stream-claim-sizes)."
+        ),
+    ] = 1280,
     window: Annotated[int, typer.Option(help="Streaming: recent tokens kept.")] = 60,
     n_sink: Annotated[int, typer.Option(help="Streaming: sink tokens kept.")] = 4,
     grid: Annotated[

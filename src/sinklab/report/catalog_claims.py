@@ -25,8 +25,11 @@ def _params(ctx: StageContext) -> dict[str, Any]:
     """``sinklab claims``' sizes for the page: its samples are the text experiments' own (the
     first plays of the default corpus, or windows of the user's text, all of ``tokens`` tokens)
     and sensitivity's grid and probes are the sensitivity stage's, so a finding that quotes a
-    claim's verdict and this table read the same numbers (docs/claims.md)."""
+    claim's verdict and this table read the same numbers (docs/claims.md). The stream claim,
+    which no experiment quotes, streams its own longer windows (``sinklab claims``' default
+    length, at most the stream stage's; docs/claims.md#stream-claim-sizes)."""
     from sinklab.ablate import AblationConfig
+    from sinklab.claims.core import ClaimsConfig
     from sinklab.corpus import DEFAULT_TEXT, play_names
     from sinklab.report.catalog_ablate import GEOMETRY_TEXTS
 
@@ -38,7 +41,7 @@ def _params(ctx: StageContext) -> dict[str, Any]:
         "texts": plays if default else ctx.text_spec,
         "windows": 1 if default else GEOMETRY_TEXTS,
         "tokens": tokens,
-        "stream_tokens": min(tokens, c.stream_tokens),
+        "stream_tokens": min(ctx.cap_tokens(ClaimsConfig.stream_tokens), c.stream_tokens),
         "window": min(c.window, 28 if c.quick else 60),
         "n_sink": c.n_sink,
         "grid": min(c.sensitivity_grid, tokens),  # the sensitivity stage's
