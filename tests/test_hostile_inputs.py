@@ -326,15 +326,23 @@ def test_negative_positions_say_so(capsys, base_dir, tmp_path):
     assert_one_line_error(run, "--positions '-1' has a negative number")
 
 
-def test_a_short_claims_text_names_the_option(capsys, base_dir, tmp_path):
+@pytest.mark.parametrize(
+    ("claims", "option"),
+    [
+        ((), "--sensitivity-tokens 128"),  # the larger of the model claims' windows
+        (("--claims", "evict-sinks-collapse"), "--stream-tokens"),  # its own 1,280-token windows
+    ],
+)
+def test_a_short_claims_text_names_the_option(capsys, base_dir, tmp_path, claims, option):
     text = tmp_path / "short.txt"
     text.write_text("to be or not to be that is the question\n")
     run = run_main(
         capsys, "claims", "--model", str(base_dir), "--texts", str(text), "--tokens", "64",
-        "--out", str(tmp_path / "c"),
+        *claims, "--out", str(tmp_path / "c"),
     )  # fmt: skip
     line = assert_one_line_error(run, "fewer than the")
-    assert "--stream-tokens 320" in line and "lower --stream-tokens" in line
+    assert option in line and "lower " + option.split()[0] in line
+    assert not (tmp_path / "c").exists()  # nothing half-written
 
 
 @pytest.mark.parametrize(

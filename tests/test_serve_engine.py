@@ -285,8 +285,22 @@ def test_scoring_interleaves_with_chat_decode(model, chat_tokenizer):
     engine = _engine(model, chat_tokenizer, prompt_chunk=16)
     assert engine.config.prompt_chunk < len(ids) // 4  # the prompt takes many pieces
     timeline: list[str] = []
-    step = engine.scorer.step
-    engine.scorer.step = lambda: (timeline.append("score-step"), step())[1]  # type: ignore[method-assign]
+    step, scoring = engine.scorer.step, [False]
+
+    per_step: list[int] = []
+
+    def scorer_step() -> None:  # the model forwards made inside it are the scorer's
+        scoring[0], before = True, timeline.count("score-forward")
+        try:
+            step()
+        finally:
+            scoring[0] = False
+            per_step.append(timeline.count("score-forward") - before)
+
+    engine.scorer.step = scorer_step  # type: ignore[method-assign]
+    hook = model.register_forward_pre_hook(
+        lambda *_: timeline.append("score-forward") if scoring[0] else None
+    )
     scored: list = []
     engine.scorer.submit(
         _score_task(ids, lambda ev: (scored.append(ev), timeline.append("score-" + ev[0])))
@@ -297,15 +311,80 @@ def test_scoring_interleaves_with_chat_decode(model, chat_tokenizer):
     job = Job(session, new, 12, 0.0, None, [], float("inf"),
               lambda ev: (chat.append(ev), timeline.append("chat-" + ev[0])))  # fmt: skip
     engine.submit(job)
-    for _ in range(500):
-        if not (engine.busy() or engine.scorer.pending() or engine.queue.qsize()):
-            break
-        engine.step()
+    try:
+        for _ in range(500):
+            if not (engine.busy() or engine.scorer.pending() or engine.queue.qsize()):
+                break
+            engine.step()
+    finally:
+        hook.remove()
     chat_done, score_done = timeline.index("chat-done"), timeline.index("score-done")
     first_text = timeline.index("chat-text")
     # the prompt was still being read when the chat reply ended, and was read during it
     assert chat_done < score_done
     assert chat_alone[-1][1]["usage"]["completion_tokens"] == 12  # twelve decode steps
-    assert timeline[first_text:chat_done].count("score-step") >= 9  # one forward each
+    # the scorer's own forwards, one per engine step, while the reply was being decoded
+    assert timeline[first_text:chat_done].count("score-forward") >= 9
+    assert max(per_step) == 1  # one forward an engine step, never the whole prompt at once
     assert chat == chat_alone
     assert scored == solo and scored[-1][0] == "done"
+
+
+def test_a_chat_decode_failure_leaves_the_stateless_request_beside_it(model, chat_tokenizer):
+    """The engine thread: a chat turn whose decode step raises gets a 500, and the
+    ``/v1/completions`` request being read beside it still gets its own answer, equal to the one
+    it gets alone (the scorer catches its own errors; the chat's are not its). ``stop`` then
+    answers what is still waiting with a 503 instead of leaving its client to hang."""
+    import threading
+
+    ids = [
+        int(t) for t in torch.randint(3, 200, (120,), generator=torch.Generator().manual_seed(7))
+    ]
+    alone = _engine(model, chat_tokenizer, prompt_chunk=16)
+    solo: list = []
+    alone.scorer.submit(_score_task(ids, solo.append))
+    alone.scorer.drain()
+
+    engine = _engine(model, chat_tokenizer, prompt_chunk=16)
+    real_step = engine._step
+    decoded = [0]
+
+    def failing_step() -> None:  # the chat batch's second decode step raises
+        decoded[0] += 1
+        if decoded[0] == 2:
+            raise RuntimeError("a broken decode step")
+        real_step()
+
+    engine._step = failing_step  # type: ignore[method-assign]
+    chat_done, score_done = threading.Event(), threading.Event()
+    chat: list = []
+    scored: list = []
+
+    def on_chat(ev) -> None:
+        chat.append(ev)
+        if ev[0] in ("done", "error"):
+            chat_done.set()
+
+    def on_score(ev) -> None:
+        scored.append(ev)
+        if ev[0] in ("done", "error"):
+            score_done.set()
+
+    session = engine.new_session("s", "t")
+    engine.sessions[("t", "s")] = session
+    new = [{"role": "user", "content": TURNS[0]}]
+    engine.scorer.submit(_score_task(ids, on_score))
+    engine.submit(Job(session, new, 12, 0.0, None, [], float("inf"), on_chat))
+    waiting: list = []
+    engine.start()
+    try:
+        assert chat_done.wait(60) and score_done.wait(60)
+    finally:
+        engine.stop()
+    assert chat[-1][0] == "error" and chat[-1][1].status == 500
+    assert scored == solo and scored[-1][0] == "done"
+
+    # after stop: a request still queued is answered 503 (the thread is gone)
+    engine.scorer.submit(_score_task(ids, waiting.append))
+    engine.stop()
+    assert waiting and waiting[-1][0] == "error" and waiting[-1][1].status == 503

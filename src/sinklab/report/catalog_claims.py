@@ -37,7 +37,8 @@ def _params(ctx: StageContext) -> dict[str, Any]:
     default = ctx.text_spec in (DEFAULT_TEXT, "", None)
     tokens = ctx.cap_tokens(c.ablate_tokens)  # the ablation stages' length
     plays = ",".join(f"{DEFAULT_TEXT}:{n}" for n in play_names()[:GEOMETRY_TEXTS])
-    p: dict[str, Any] = {  # every sample is one window of `tokens` tokens
+    # a window of `tokens` tokens a sample (the stream claim's: `stream_tokens`)
+    p: dict[str, Any] = {
         "texts": plays if default else ctx.text_spec,
         "windows": 1 if default else GEOMETRY_TEXTS,
         "tokens": tokens,

@@ -152,8 +152,23 @@ class Engine:
         self.thread.start()
 
     def stop(self) -> None:
+        """End the thread; the turns and stateless requests still waiting get a 503."""
         self._stop.set()
         self.thread.join(timeout=10)
+        if self.thread.is_alive():  # still in a step: its state is not ours to touch
+            return
+        gone = ApiError(503, "the server is shutting down; retry on another", "server_error")
+        jobs = [*self.active, *self.reading]
+        while True:
+            try:
+                jobs.append(self.queue.get_nowait())
+            except queue.Empty:
+                break
+        for job in jobs:
+            self._fail(job, gone)
+        self.active.clear()
+        self.reading.clear()
+        self.scorer.fail_all(gone)
 
     def submit(self, job: Job) -> None:
         if self.queue.qsize() >= self.config.max_queue:
@@ -175,32 +190,40 @@ class Engine:
         """One engine step: admit waiting turns, read one piece of each turn being read, drop
         the expired, decode one token of every reply, and run one forward of the stateless
         request in hand (:class:`~sinklab.serve.scoring.Scorer`)."""
+        self._chat_step()
+        self.scorer.step()
+
+    def _chat_step(self) -> None:
         self._admit()
         if self.reading:
             self._read_step()
         self._expire()
         if self.active:
             self._step()
-        self.scorer.step()
 
     def _run(self) -> None:
         swept = 0.0
+        failed = ApiError(500, "the server failed to decode", "server_error")
         while not self._stop.is_set():
             try:
-                self.step()
+                self._chat_step()
                 if time.monotonic() - swept > 1.0:
                     swept = time.monotonic()
                     self.registry.sweep()
-            except Exception as err:  # never lose the thread: fail what is in flight
+            except Exception as err:  # never lose the thread: fail the turns in flight
                 self.log(f"engine error: {type(err).__name__}: {err}")
                 for job in [*self.active, *self.reading]:
-                    self._fail(job, ApiError(500, "the server failed to decode", "server_error"))
+                    self._fail(job, failed)
                 self.active.clear()
                 self.reading.clear()
                 self.groups.clear()
                 self._joining.clear()
                 self.batch = StreamBatch(self.model, self.cache_config)
-                self.scorer.fail_all(ApiError(500, "the server failed to decode", "server_error"))
+            try:  # a stateless request fails alone (Scorer.step); this is the scorer itself
+                self.scorer.step()
+            except Exception as err:
+                self.log(f"engine error: {type(err).__name__}: {err}")
+                self.scorer.fail_all(failed)
             self.metrics.set_batch(len(self.active))
 
     def _admit(self) -> None:

@@ -146,12 +146,17 @@ class Scorer:
     def step(self) -> None:
         """Run one forward of the request in hand (taking the next one when none is): called
         once per engine step, on the engine's thread. A request that fails answers alone."""
-        if self._work is None:
+        while self._work is None:  # the next request whose client still waits for it
             try:
-                self._task = self.queue.get_nowait()
+                task = self.queue.get_nowait()
             except queue.Empty:
                 return
-            self._work = self.run(self._task)
+            try:
+                self._check(task)
+            except Gone:  # it left, or its deadline passed, while waiting: not a forward more
+                self._dropped(task)
+                continue
+            self._task, self._work = task, self.run(task)
         task = self._task
         assert task is not None
         try:
@@ -160,17 +165,28 @@ class Scorer:
         except StopIteration:
             pass
         except Gone:
-            self.log("completion dropped: its client left or --request-timeout passed")
-            if not task.cancelled.is_set():
-                task.emit(("error", _timeout()))
+            self._dropped(task)
         except TurnFailed as err:
-            task.emit(("error", ApiError(err.status, str(err), code=err.code)))
+            self._answer(task, ApiError(err.status, str(err), code=err.code))
         except ApiError as err:  # e.g. a format's matcher that fails to start
-            task.emit(("error", err))
+            self._answer(task, err)
         except Exception as err:  # never lose the engine: that request fails alone
             self.log(f"completion failed: {type(err).__name__}: {err}")
-            task.emit(("error", ApiError(500, "the server failed to decode", "server_error")))
+            self._answer(task, ApiError(500, "the server failed to decode", "server_error"))
         self._task = self._work = None
+
+    def _dropped(self, task: Task) -> None:
+        self.log("completion dropped: its client left or --request-timeout passed")
+        if not task.cancelled.is_set():
+            self._answer(task, _timeout())
+
+    def _answer(self, task: Task, error: ApiError) -> None:
+        """Send ``error`` to ``task``'s client; a client that cannot be told (its loop closed at
+        shut-down) is logged, never allowed to stop the engine."""
+        try:
+            task.emit(("error", error))
+        except Exception as err:
+            self.log(f"completion error not delivered: {type(err).__name__}: {err}")
 
     def fail_all(self, error: ApiError) -> None:
         """Answer the request in hand and every waiting one with ``error`` (the engine failed)."""
@@ -182,7 +198,7 @@ class Scorer:
             except queue.Empty:
                 break
         for task in tasks:
-            task.emit(("error", error))
+            self._answer(task, error)
 
     def drain(self) -> None:
         """Run every request to its end on the calling thread (tests without an engine)."""
