@@ -30,7 +30,7 @@ from sinklab.serve.metrics import Metrics
 from sinklab.serve.protocol import ApiError
 from sinklab.serve.registry import Registry
 from sinklab.serve.sampling import Sampling, TurnFailed
-from sinklab.serve.scoring import Scorer
+from sinklab.serve.scoring import Scorer, take_all
 from sinklab.serve.sessions import Session, SessionStore
 from sinklab.serve.tools import as_sent, call_markers, parse_calls, renders_tools
 from sinklab.stream.cache import CacheConfig, SinkCache
@@ -158,13 +158,7 @@ class Engine:
         if self.thread.is_alive():  # still in a step: its state is not ours to touch
             return
         gone = ApiError(503, "the server is shutting down; retry on another", "server_error")
-        jobs = [*self.active, *self.reading]
-        while True:
-            try:
-                jobs.append(self.queue.get_nowait())
-            except queue.Empty:
-                break
-        for job in jobs:
+        for job in [*self.active, *self.reading, *take_all(self.queue)]:
             self._fail(job, gone)
         self.active.clear()
         self.reading.clear()

@@ -101,6 +101,16 @@ class Gone(Exception):
     """The task's client left, or its deadline passed: stop working on it."""
 
 
+def take_all(q: queue.Queue) -> list[Any]:
+    """Everything waiting in ``q``, taken off it without blocking (the engine's queues)."""
+    items = []
+    while True:
+        try:
+            items.append(q.get_nowait())
+        except queue.Empty:
+            return items
+
+
 class Scorer:
     """The stateless routes' work, stepped by the chat engine's thread: :meth:`step` runs one
     forward of the request in hand (a piece of its prompts or one token of a reply), so the
@@ -192,12 +202,7 @@ class Scorer:
         """Answer the request in hand and every waiting one with ``error`` (the engine failed)."""
         tasks = [] if self._task is None else [self._task]
         self._task = self._work = None
-        while True:
-            try:
-                tasks.append(self.queue.get_nowait())
-            except queue.Empty:
-                break
-        for task in tasks:
+        for task in [*tasks, *take_all(self.queue)]:
             self._answer(task, error)
 
     def drain(self) -> None:
