@@ -256,9 +256,10 @@ def encode(text: str, tokenizer: Any, first: FirstToken) -> list[int]:
     return [*first.added, *tokenizer(text, add_special_tokens=False).input_ids]
 
 
-def _text_ids(body: str, name: str, tokenizer: Any, need: int, have: int) -> list[int]:
-    """The first ``need`` ids of ``body`` (tokenizing a growing, line-aligned prefix, not the
-    whole corpus, so long texts stay cheap); ``have``: prefix ids, for the error's count."""
+def _prefix_ids(body: str, tokenizer: Any, need: int) -> list[int]:
+    """At least the first ``need`` ids of ``body``, or all of them where it has fewer
+    (tokenizing a growing, line-aligned prefix, not the whole corpus, so long texts stay
+    cheap)."""
     chars = max(4096, need * 6)
     while True:
         chunk = body[:chars]
@@ -267,8 +268,31 @@ def _text_ids(body: str, name: str, tokenizer: Any, need: int, have: int) -> lis
             chunk = chunk[: cut + 1] if cut > 0 else chunk
         ids = tokenizer(chunk, add_special_tokens=False).input_ids
         if len(ids) >= need or chars >= len(body):
-            break
+            return list(ids)
         chars *= 2
+
+
+def text_tokens(text: Text | str, tokenizer: Any, at_most: int) -> int:
+    """How many token ids ``text`` holds (without any first token), counting no further than
+    ``at_most``: what :func:`token_windows` can cut from it, cheaply on a long corpus."""
+    body = text.text if isinstance(text, Text) else text
+    return min(at_most, len(_prefix_ids(body, tokenizer, at_most)))
+
+
+def sequence_tokens(
+    text: Text | str, tokenizer: Any, n_tokens: int, prepend: str | int | FirstToken | None = None
+) -> int:
+    """The length of the longest sequence of at most ``n_tokens`` that :func:`token_stream` can
+    cut from ``text``: the run's first token(s) and as many of the text's as it holds."""
+    first = prepend if isinstance(prepend, FirstToken) else first_token(tokenizer, prepend)
+    k = len(first.added)
+    return n_tokens if n_tokens <= k else k + text_tokens(text, tokenizer, n_tokens - k)
+
+
+def _text_ids(body: str, name: str, tokenizer: Any, need: int, have: int) -> list[int]:
+    """The first ``need`` ids of ``body`` (:func:`_prefix_ids`); ``have``: prefix ids, for the
+    error's count."""
+    ids = _prefix_ids(body, tokenizer, need)
     if len(ids) < need:
         raise SinklabError(
             f"{name} has only {len(ids) + have} tokens, fewer than the {need + have} asked for; "

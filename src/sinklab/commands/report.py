@@ -24,7 +24,7 @@ from sinklab.commands.common import (
     split_list,
     stderr,
 )
-from sinklab.corpus import DEFAULT_TEXT, load_text
+from sinklab.corpus import DEFAULT_TEXT, load_text, sequence_tokens
 from sinklab.models.loading import DEFAULT_MODEL
 from sinklab.progress import Progress
 
@@ -95,7 +95,11 @@ def report(
         return
     loaded = load(model, dtype, device, trust_remote_code)
     config, notes = config.fit(loaded.info.max_positions, loaded.info.name)  # clamp, and say so
-    config.check_stream([s.name for s in chosen], loaded.info.max_positions)  # fitted: still ok?
+    names, limit = [s.name for s in chosen], loaded.info.max_positions
+    held = None
+    if "stream" in names:  # the tokens the text fills of the stream (a user's may be short)
+        held = sequence_tokens(txt, loaded.tokenizer, config.stream_tokens, prepend)
+    config.check_stream(names, limit, held, txt.name)  # fitted to the model and the text: ok?
     for note in notes:
         stderr.print(note, highlight=False, soft_wrap=True)
     model_options = _model_options((dtype, device, trust_remote_code), prepend)

@@ -18,7 +18,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from sinklab.corpus import Text, first_token, token_stream
+from sinklab.corpus import Text, first_token, sequence_tokens, token_stream
 from sinklab.errors import SinklabError
 from sinklab.meta import attach_meta, versions, write_json_atomic
 from sinklab.models.loading import LoadedModel
@@ -91,7 +91,11 @@ def build_report(
     (:func:`sinklab.corpus.first_token`; None: the tokenizer's own).
     """
     out = check_out(out, COMMAND)
-    config.check_stream([s.name for s in stages], loaded.info.max_positions)  # before any work
+    names, limit = [s.name for s in stages], loaded.info.max_positions
+    held = None
+    if "stream" in names:  # the tokens the text fills of the stream (a user's may be short)
+        held = sequence_tokens(text, loaded.tokenizer, config.stream_tokens, prepend)
+    config.check_stream(names, limit, held, text.name)  # before any work
     with output_dir(out, COMMAND) as tmp:
         report = build_into(
             tmp,

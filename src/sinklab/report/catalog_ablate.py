@@ -25,12 +25,13 @@ def _ablation_run(ctx: StageContext, name: str) -> Any:
     from sinklab.ablate.run import AblationRun
 
     c = ctx.config
-    tokens = ctx.cap_tokens(c.ablate_tokens)
+    rows = GEOMETRY_TEXTS if _record(name).texts else 1
+    tokens = ctx.cap_tokens(c.ablate_tokens, rows, "ablate_tokens")
     kw: dict[str, Any] = {"eps": c.thresholds} if "eps" in _record(name).options else {}
     if name == "sensitivity":
         kw["grid"] = min(c.sensitivity_grid, tokens)
     config = AblationConfig(q0=min(c.q0, tokens - 1), seed=c.seed, **kw)
-    return AblationRun(name, config, tokens, GEOMETRY_TEXTS if _record(name).texts else 1)
+    return AblationRun(name, config, tokens, rows)
 
 
 def _params(name: str):

@@ -23,7 +23,9 @@ def _stream_run(ctx: StageContext) -> Any:
     from sinklab.stream.run import StreamRun
 
     c = ctx.config
-    tokens = ctx.cap_tokens(c.stream_tokens)
+    tokens = ctx.cap_tokens(c.stream_tokens, size="stream_tokens")
+    limit = ctx.loaded.info.max_positions
+    c.check_stream(["stream"], limit, text_holds=tokens, text_name=ctx.text.name)  # the text's
     return StreamRun(
         StreamConfig(
             n_sink=c.n_sink,

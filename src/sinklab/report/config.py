@@ -72,20 +72,31 @@ class ReportConfig:
                 f"got {self.q0}"
             )
 
-    def check_stream(self, stages: Sequence[str], max_positions: int | None = None) -> None:
+    def check_stream(
+        self,
+        stages: Sequence[str],
+        max_positions: int | None = None,
+        text_holds: int | None = None,
+        text_name: str = "the text",
+    ) -> None:
         """Refuse a streaming stage whose sinks and window are not below its length: nothing
         would ever be evicted (every policy would be dense), or, where the length was clamped to
         the model, the cache would run past the model's positions. Called before the model
-        loads and again once the sizes are fitted to it (``max_positions``: the model's), so the
-        report never runs to find out."""
-        if "stream" not in stages or self.n_sink + self.window < self.stream_tokens:
+        loads and again once the sizes are fitted to it (``max_positions``: the model's) and to
+        the text (``text_holds``: the tokens it fills of a ``stream_tokens`` sequence, where it
+        has fewer), so the report never runs to find out."""
+        n = self.stream_tokens if text_holds is None else min(self.stream_tokens, text_holds)
+        if "stream" not in stages or self.n_sink + self.window < n:
             return
-        clamped = " (the model's positions)" if self.stream_tokens == max_positions else ""
+        if n < min(self.stream_tokens, max_positions or self.stream_tokens):
+            why, longer = f" ({text_name} holds no more)", " or a longer text"
+        else:
+            why = " (the model's positions)" if n == max_positions else ""
+            longer = " or a larger --set stream_tokens"
         raise SinklabError(
             f"report n_sink + window = {self.n_sink + self.window:,} is not below stream_tokens "
-            f"= {self.stream_tokens:,}{clamped}, so the stream stage would evict nothing; pass a "
-            f"smaller --set window (at most {max(1, self.stream_tokens - self.n_sink - 1):,}) or a "
-            "larger --set stream_tokens"
+            f"= {n:,}{why}, so the stream stage would evict nothing; pass a smaller --set window "
+            f"(at most {max(1, n - self.n_sink - 1):,}){longer}"
         )
 
     @property

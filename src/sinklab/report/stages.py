@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from sinklab.corpus import FirstToken, Text, first_token, token_stream
+from sinklab.corpus import FirstToken, Text, first_token, text_tokens, token_stream
 from sinklab.models.loading import LoadedModel
 from sinklab.outputs import place_error
 from sinklab.progress import Progress, quiet
@@ -54,6 +54,7 @@ class StageContext:
     shared: dict[str, Any] = field(default_factory=dict)  # results earlier stages leave for later
     model_options: tuple[str, ...] = ()  # how the model was loaded: --dtype, --device, ...
     prepend: str | None = None  # --prepend as given (None: the tokenizer's own first token)
+    fitted: list[str] = field(default_factory=list)  # sizes this stage cut to the text, to say
 
     @property
     def model_args(self) -> list[str]:
@@ -79,10 +80,34 @@ class StageContext:
             self.shared[key] = token_stream(self.text, self.loaded.tokenizer, n_tokens, self.first)
         return self.shared[key]
 
-    def cap_tokens(self, n_tokens: int) -> int:
-        """``n_tokens`` limited to the model's max positions (tiny models have short ones)."""
+    def cap_tokens(self, n_tokens: int, windows: int = 1, size: str = "") -> int:
+        """``n_tokens`` limited to the model's max positions (tiny models have short ones) and
+        to what the text holds in ``windows`` windows of that length (each window starts with
+        the run's first token(s): :func:`sinklab.corpus.token_windows`). A user's text shorter
+        than a size asks is read whole rather than refused; ``size`` (the config field that
+        asked) names the cut in a note under the stage's title (:attr:`fitted`)."""
         limit = self.loaded.info.max_positions
-        return min(n_tokens, limit) if limit else n_tokens
+        n = min(n_tokens, limit) if limit else n_tokens
+        k = len(self.first.added)
+        if n <= k:
+            return n
+        need = (n - k) * windows
+        key = f"text_tokens:{need}"
+        if key not in self.shared:  # one count per length asked
+            self.shared[key] = text_tokens(self.text, self.loaded.tokenizer, need)
+        held = self.shared[key]
+        if held >= need:
+            return n
+        fit = k + held // windows
+        if size:
+            each = f" in each of {windows} windows" if windows > 1 else ""
+            note = (
+                f"{self.text.name} holds {held:,} tokens, so {size} {n:,} was cut to {fit:,} "
+                f"tokens{each} (pass a longer text for the full size)."
+            )
+            if note not in self.fitted:
+                self.fitted.append(note)
+        return fit
 
 
 @dataclass(frozen=True)
@@ -159,6 +184,7 @@ def run_stage(stage: Stage, ctx: StageContext) -> StageResult:
         params = stage.params(ctx)
         command = stage.command(ctx)
         output = stage.run(ctx)
+        output.notes[:0] = ctx.fitted  # the sizes cut to the text, first
     except Exception as exc:
         if place_error(exc, ctx.figures_dir) is not None:
             raise  # the disk failed the whole report, not this stage: nothing moves into place
