@@ -118,14 +118,16 @@ def test_a_forced_reply_cut_mid_call_keeps_its_finished_calls():
 
 
 def test_parameters_the_grammar_cannot_enforce_are_refused_naming_them(smollm2):
-    from sinklab.serve.protocol import ApiError
+    from sinklab.serve.protocol import ApiError, parse_request
 
     tok = smollm2.tokenizer
     formats = Formats(tok, len(tok), [tok.eos_token_id])
     guided = [{"type": "function", "function": {"name": "f", "parameters": {
         "type": "object", "x-guidance": {"lenient": True}}}}]  # fmt: skip
-    with pytest.raises(ApiError) as err:
-        formats.tool_calls(guided, None, False)
+    body = {"model": "m", "messages": [{"role": "user", "content": "x"}], "tools": guided,
+            "tool_choice": "required"}  # fmt: skip
+    with pytest.raises(ApiError) as err:  # any tool's, when the request is read
+        parse_request(json.dumps(body).encode())
     assert err.value.param == "tools.0.function.parameters"
     odd = [{"type": "function", "function": {"name": "f", "parameters": {
         "type": "object", "propertyNames": {"pattern": "^a"}}}}]  # fmt: skip

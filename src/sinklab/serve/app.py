@@ -158,7 +158,8 @@ class Server:
             )
         if (forced := req.forced_tools()) is not None:  # "required" or a named function
             self._tools(req)  # a template without tools: its 400 first
-            parallel = req.parallel_tool_calls is not False
+            # several calls only under "required": a named function is called once
+            parallel = req.tool_choice == "required" and req.parallel_tool_calls is not False
             fmt = await asyncio.to_thread(
                 formats.tool_calls, forced, self.engine.call_markers, parallel
             )

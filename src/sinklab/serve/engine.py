@@ -12,6 +12,7 @@ between pieces and steps, a client gone, a crash) leaves its session as it was b
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import queue
 import threading
@@ -76,6 +77,7 @@ class Job:
     sampling: Sampling | None = None  # top_p, penalties, bias, logprobs (None: temperature only)
     counts: Counter[int] = field(default_factory=Counter)  # the reply's tokens sampled so far
     logprobs: list[dict[str, Any]] = field(default_factory=list)  # one entry per reply token
+    starts: list[int] = field(default_factory=list)  # where each reply token's text begins
     lp_sent: int = 0  # entries of ``logprobs`` already emitted
     cached: int = 0  # the conversation's tokens the session had read before this turn
     tool_names: frozenset[str] = frozenset()  # the tools the reply may call (:mod:`.tools`)
@@ -415,6 +417,7 @@ class Engine:
         else:
             job.tokens.append(tok)
             self.metrics.add_tokens(1)
+            job.starts.append(len(job.text))
             job.text += job.detok.push([tok])
             if len(job.tokens) >= job.max_tokens:
                 finish = "length"
@@ -430,8 +433,8 @@ class Engine:
         """Emit the reply's text not sent yet (holding back what could start a stop string)."""
         hold = 0 if final else max((len(s) - 1 for s in job.stops), default=0)
         upto = max(job.sent, len(job.text) - hold)
-        if job.sampling and job.sampling.logprobs:  # the entries so far, ahead of their text
-            kept = len(job.logprobs) - int(final and job.cut)
+        if job.sampling and job.sampling.logprobs:  # the entries of the text going out
+            kept = _entries_in(job, None if final else upto)
             if kept > job.lp_sent:
                 job.emit(("logprobs", job.logprobs[job.lp_sent : kept]))
                 job.lp_sent = kept
@@ -509,6 +512,8 @@ class Engine:
         content, calls = self._calls(job)
         if calls:  # the model's text stays as it wrote it; the client's form beside it
             chat.messages[-1]["sent"] = as_sent(content, calls)
+        elif job.forced:  # cut inside its first call: the client got no content
+            chat.messages[-1]["sent"] = {"content": ""}
         session.used = self.registry.clock()
         try:
             if self.store is not None:
@@ -531,14 +536,15 @@ class Engine:
     def _result(self, job: Job, state: StreamState, finish: str, turns: int) -> dict[str, Any]:
         assert job.opened is not None
         prompt = job.cached + job.opened.prompt_tokens  # the whole prompt, read before or now
-        logprobs = job.logprobs[: len(job.tokens) - int(job.cut)]  # as the session keeps it
+        logprobs = job.logprobs[: _entries_in(job)]  # the reply's text as the client gets it
         content, calls = self._calls(job)
         return {
             # a forced reply cut by max_tokens keeps its finished calls and says it was cut
             "finish_reason": "tool_calls"
             if calls and not (job.forced and finish == "length")
             else finish,
-            "reply": content if calls else job.text,
+            # a forced reply is calls only: one cut inside its first call has no content
+            "reply": content if calls else (None if job.forced else job.text),
             "tool_calls": calls,
             "logprobs": {"content": logprobs} if job.sampling and job.sampling.logprobs else None,
             "usage": {
@@ -574,4 +580,17 @@ def _timeout() -> ApiError:
         "the turn ran past the server's --request-timeout; it was not applied",
         type="timeout_error",
         code="request_timeout",
+    )
+
+
+def _entries_in(job: Job, upto: int | None = None) -> int:
+    """How many of ``job``'s logprobs entries belong to its text up to character ``upto``
+    (None: the whole reply as the client gets it): the tokens whose text begins before it. A
+    stop string's cut drops the entries of every token after the cut, all of the stop string's
+    own (a token straddling the cut keeps its entry, as its text keeps its first part); a token
+    held back with its text is emitted with it (docs/serve.md#logprobs)."""
+    if upto is None and not job.cut:
+        return len(job.logprobs)
+    return min(
+        len(job.logprobs), bisect.bisect_left(job.starts, len(job.text) if upto is None else upto)
     )

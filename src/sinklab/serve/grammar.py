@@ -159,14 +159,10 @@ class Formats:
         tool's parameters this server cannot enforce are a 400 naming them."""
         from llguidance import LLMatcher
 
-        for i, tool in enumerate(tools):
-            if "x-guidance" in (tool["function"].get("parameters") or {}):
-                raise _bad(
-                    "x-guidance (grammar-engine options) is not accepted in a schema",
-                    f"tools.{i}.function.parameters",
-                )
-        schemas = [call_schema(t) for t in tools]
-        body = schemas[0] if len(schemas) == 1 else {"anyOf": schemas}
+        if len(tools) == 1:
+            body = call_schema(tools[0])
+        else:
+            body = {"anyOf": [call_schema(t, f"#/anyOf/{i}") for i, t in enumerate(tools)]}
         body = {**body, "x-guidance": {"whitespace_pattern": WHITESPACE}}
         if markers is None:
             lark = f"start: %json {json.dumps(body)}"

@@ -237,6 +237,15 @@ class ChatRequest(BaseModel):
             "must be 'none', 'auto', 'required' or {'type': 'function', 'function': {'name': NAME}}"
         )
 
+    @field_validator("tools")
+    @classmethod
+    def _tools(cls, value: list[Tool] | None) -> list[Tool] | None:
+        names = [t.function.name for t in value or []]
+        twice = sorted({n for n in names if names.count(n) > 1})
+        if twice:  # a call names its function: two of one name could not be told apart
+            raise ValueError(f"function names must differ; {', '.join(map(repr, twice))} is twice")
+        return value
+
     def tools_on(self) -> bool:
         """Whether the request gives tools the model may call (``tool_choice`` not "none")."""
         return bool(self.tools) and self.tool_choice != "none"
@@ -346,6 +355,14 @@ def parse_request(body: bytes) -> ChatRequest:
             f"tool_choice: {shown} needs tools to choose from",
             code="invalid_value",
             param="tool_choice",
+        )
+    if req.stop and req.forced_tools() is not None:
+        raise ApiError(
+            400,
+            "stop: a forced tool_choice writes calls under a grammar, which a stop string could "
+            "cut mid-call; send no stop with tool_choice 'required' or a named function",
+            code="unsupported_parameter",
+            param="stop",
         )
     if req.forced_tools() == []:
         raise ApiError(

@@ -356,7 +356,9 @@ class Scorer:
         grammar = None if task.grammar is None else task.grammar()
         hold = max((len(s) - 1 for s in task.stops), default=0)
         text, sent, counts = "", 0, Counter()
-        entries: list[Any] = []  # not sent yet
+        # (where its token's text begins in ``text``, entry): not sent yet. An entry goes out
+        # with its token's text, so a stop string's cut drops its tokens' entries too
+        pending: list[tuple[int, Any]] = []
         dev = input_device(self.model)
         n, finish, cut = 0, "length", False
         while n < task.max_tokens:
@@ -368,35 +370,37 @@ class Scorer:
                 grammar.accept(tok)
             if tok in stops:  # its logprob is reported (as OpenAI's), its text is not
                 if task.logprobs is not None:
-                    entries.append(self._entry(logits, tok, task.logprobs, before + len(text)))
+                    entry = self._entry(logits, tok, task.logprobs, before + len(text))
+                    pending.append((len(text), entry))
                 finish, n = "stop", n + 1
                 break
             counts[tok] += 1
             n += 1
             if task.logprobs is not None:
-                entries.append(self._entry(logits, tok, task.logprobs, before + len(text)))
+                entry = self._entry(logits, tok, task.logprobs, before + len(text))
+                pending.append((len(text), entry))
             elif task.chat_logprobs:
-                entries.append(task.sampling.logprob_entry(logits, tok, self.tok))
+                pending.append((len(text), task.sampling.logprob_entry(logits, tok, self.tok)))
             text += detok.push([tok])
             at = min((i for s in task.stops if (i := text.find(s)) >= 0), default=-1)
-            if at >= 0:
+            if at >= 0:  # the tokens after the cut (the stop string's) go with their text
                 text, finish, cut = text[:at], "stop", True
-                if entries:
-                    entries.pop()  # the token that completed the stop string
+                pending = [(start, e) for start, e in pending if start < at]
                 break
             if n >= task.max_tokens:
                 break
             upto = max(sent, len(text) - hold)
             if upto > sent:
-                task.emit(("piece", Piece(index, text[sent:upto], entries)))
-                sent, entries = upto, []
+                ready = [e for start, e in pending if start < upto]
+                task.emit(("piece", Piece(index, text[sent:upto], ready)))
+                sent, pending = upto, pending[len(ready) :]
             extra = cache.prepare(1)
             out = self.model(torch.tensor([[tok]], device=dev), cache=cache, **extra).logits
             logits = out[0, -1]
         if not cut:
             text += detok.push([], final=True)
-        if len(text) > sent or entries:
-            task.emit(("piece", Piece(index, text[sent:], entries)))
+        if len(text) > sent or pending:
+            task.emit(("piece", Piece(index, text[sent:], [e for _, e in pending])))
         task.emit(("finish", (index, finish)))
         return n
 

@@ -20,7 +20,7 @@ import re
 import secrets
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 _BLOCK = re.compile(r"<tool_call>\s*(.*?)\s*(?:</tool_call>|$)", re.S)
 END = "</tool_call>"  # a stop after the first call when parallel_tool_calls is false
@@ -32,6 +32,20 @@ class ToolFunction(BaseModel):
     description: str | None = None
     parameters: dict[str, Any] | None = None
     strict: bool | None = None
+
+    @field_validator("parameters")
+    @classmethod
+    def _parameters(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
+        """A function's arguments are one JSON object (OpenAI's rule, and what a call carries:
+        :func:`parse_calls`); the grammar engine's own options are not a client's to set."""
+        if value is not None and value.get("type", "object") != "object":
+            raise ValueError(
+                f"a function's parameters are a JSON schema of type 'object', got type "
+                f"{value['type']!r}"
+            )
+        if value is not None and "x-guidance" in value:  # could turn enforcement off
+            raise ValueError("x-guidance (grammar-engine options) is not accepted in a schema")
+        return value
 
 
 class Tool(BaseModel):
@@ -105,16 +119,34 @@ def call_markers(tokenizer: Any) -> tuple[str, str] | None:
     return marker("<tool_call>"), marker(END)
 
 
-def call_schema(tool: dict[str, Any]) -> dict[str, Any]:
+def call_schema(tool: dict[str, Any], at: str = "#") -> dict[str, Any]:
     """The JSON schema of one call of ``tool`` as the templates ask for it and
-    :func:`parse_calls` takes it: ``{"name": <the tool's name>, "arguments": <its parameters>}``."""
-    params = tool["function"].get("parameters") or {"type": "object"}
+    :func:`parse_calls` takes it: ``{"name": <the tool's name>, "arguments": <its parameters>}``,
+    placed at the JSON pointer ``at`` of the grammar's schema: the parameters' own references
+    (``#/$defs/City``, pydantic's) are rebased to where the parameters now sit."""
+    params = _rebased(tool["function"].get("parameters") or {"type": "object"},
+                      f"{at}/properties/arguments")  # fmt: skip
     return {
         "type": "object",
         "properties": {"name": {"const": tool["function"]["name"]}, "arguments": params},
         "required": ["name", "arguments"],
         "additionalProperties": False,
     }
+
+
+def _rebased(node: Any, base: str) -> Any:
+    """``node`` with every local ``$ref`` (``#`` or ``#/...``) pointing under ``base`` instead
+    of the root (remote references are left for the compiler to refuse)."""
+    if isinstance(node, dict):
+        return {
+            k: base + v[1:]
+            if k == "$ref" and isinstance(v, str) and (v == "#" or v.startswith("#/"))
+            else _rebased(v, base)
+            for k, v in node.items()
+        }
+    if isinstance(node, list):
+        return [_rebased(v, base) for v in node]
+    return node
 
 
 def parse_calls(
