@@ -76,7 +76,7 @@ test: $(STAMP) browser
 	@rm -f .side-venvs.rc; \
 	{ $(MAKE) --no-print-directory -j2 side > .side-venvs.log 2>&1; echo $$? > .side-venvs.rc; } & \
 	SINKLAB_SIDE_VENVS_RC=$(CURDIR)/.side-venvs.rc \
-	  $(BIN)/python -m pytest -q -n auto --maxprocesses 4 --dist loadfile; rc=$$?; \
+	  $(BIN)/python -m pytest -q -n auto --maxprocesses 4 --dist loadfile --durations 15; rc=$$?; \
 	wait; exit $$rc
 
 # The side venvs `make test` needs (none with both SINKLAB_SKIP_VLLM=1 and SINKLAB_SKIP_LMEVAL=1).
