@@ -212,4 +212,8 @@ def stream_check(
         assert after > LOGPROB_TOL, after
     bound = ours["bound"]
     assert bound == -(-n_sink // block_size) + -(-(window + 1) // block_size) + 1
+    # admitted on what it can hold with the engine's in-flight tokens, not on its whole length
+    flight = ours["in_flight"]
+    reading = -(-n_sink // block_size) + -(-(window + flight) // block_size) + 1
+    assert flight > 0 and ours["admission"] == max(bound, reading), (ours["admission"], flight)
     assert ours["max_blocks"] == [bound] * len(prompts), (ours["max_blocks"], bound)

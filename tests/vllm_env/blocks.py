@@ -4,11 +4,14 @@ concurrent requests of different lengths; no engine, no model. Run inside .venv-
 (docs/vllm.md#blocks).
 
 Reads a list of runs ``[{"n_sink", "window", "block_size", "pool_blocks", "requests":
-[{"prompt": L, "steps": S}, ...]}, ...]`` on stdin. Each request reads its prompt in one step,
-then decodes one token a step; all run in lockstep until each has done its steps. Writes
-``SINKLAB-RESULT [{...}, ...]``, one per run: for each request and step, the query position
-``t`` and the logical block indices it holds (not null); the pool's blocks in use after each
-step, and after every request is freed."""
+[{"prompt": L, "steps": S}, ...], "chunk": C, "long": N}, ...]`` on stdin. Each request reads
+its prompt in one step, then decodes one token a step; all run in lockstep until each has done
+its steps. Then a request of ``N`` tokens is admitted as vLLM's full-sequence gate admits one
+(``apply_admission_cap``) and reads its tokens in chunks of ``C`` (chunked prefill, or a
+preempted stream coming back). Writes ``SINKLAB-RESULT [{...}, ...]``, one per run: for each
+request and step, the query position ``t`` and the logical block indices it holds (not null);
+the pool's blocks in use after each step, and after every request is freed; the long request's
+reservation and the most blocks it held."""
 
 from __future__ import annotations
 
@@ -34,6 +37,7 @@ def run(req: dict) -> dict:
         dtype=torch.float32,
         n_sink=int(req["n_sink"]),
         window=int(req["window"]),
+        max_in_flight_tokens=int(req.get("chunk", 0)),
     )
     pool = BlockPool(
         num_gpu_blocks=int(req["pool_blocks"]), enable_caching=False, hash_block_size=bs
@@ -75,11 +79,35 @@ def run(req: dict) -> dict:
         in_use.append(total - pool.get_num_free_blocks())
     for rid in computed:
         manager.free(rid)
+    after_free = total - pool.get_num_free_blocks()
+    admission = None
+    if req.get("long"):
+        long, chunk = int(req["long"]), int(req["chunk"])
+        reserved = manager.get_num_blocks_to_allocate(
+            request_id="long",
+            num_tokens=long,
+            new_computed_blocks=[],
+            total_computed_tokens=0,
+            num_local_computed_tokens=0,
+            num_tokens_main_model=long,
+            apply_admission_cap=True,
+        )
+        t, most = 0, 0
+        while t < long:  # one chunk a step: free what fell out, then the chunk's slots
+            new = min(chunk, long - t)
+            manager.remove_skipped_blocks("long", t)
+            manager.allocate_new_blocks("long", t + new, t + new)
+            real = sum(b is not pool.null_block for b in manager.req_to_blocks["long"])
+            most, t = max(most, real), t + new
+        manager.free("long")
+        admission = {"reserved": reserved, "most_held": most, "bound": spec.admission_blocks()}
     return {
         "max_blocks": spec.max_blocks(),
         "held": held,
         "in_use": in_use,
-        "in_use_after_free": total - pool.get_num_free_blocks(),
+        "in_use_after_free": after_free,
+        "admission": admission,
+        "in_use_at_end": total - pool.get_num_free_blocks(),
     }
 
 

@@ -12,9 +12,10 @@ generates greedily (``temperature=0``, ``ignore_eos``) all prompts in one batch;
 every block allocation of every request, how many real (not null) blocks it holds, by wrapping
 ``FullAttentionManager.allocate_new_blocks`` (the plugin's manager inherits it; a read, not a
 change). Writes ``SINKLAB-RESULT {"tokens": [[...], ...], "logprobs": [[each chosen token's
-log-probability], ...], "max_blocks": [per request], "bound": the spec's bound or null, "spec":
-class name, "seconds": generate's wall time, "mixed_steps": builds (one per layer group and
-forward) where a decode past the window sat beside a prompt chunk}``."""
+log-probability], ...], "max_blocks": [per request], "bound": the spec's bound or null,
+"admission": the manager's admission cap in blocks or null, "in_flight": the spec's in-flight
+tokens or null, "spec": class name, "seconds": generate's wall time, "mixed_steps": builds (one
+per layer group and forward) where a decode past the window sat beside a prompt chunk}``."""
 
 from __future__ import annotations
 
@@ -75,7 +76,7 @@ def main() -> None:
         out = original(self, request_id, *args, **kwargs)
         real = sum(not b.is_null for b in self.req_to_blocks[request_id])
         held[request_id] = max(held.get(request_id, 0), real)
-        seen["spec"] = self.kv_cache_spec
+        seen["spec"], seen["manager"] = self.kv_cache_spec, self
         return out
 
     FullAttentionManager.allocate_new_blocks = allocate_new_blocks
@@ -131,6 +132,9 @@ def main() -> None:
         "max_blocks": [_held_by(held, o.request_id) for o in outs],
         "spec": type(spec).__name__,
         "bound": spec.max_blocks() if hasattr(spec, "max_blocks") else None,
+        # what the scheduler reserves to admit a request, and the in-flight tokens it allows for
+        "admission": getattr(seen.get("manager"), "max_admission_blocks_per_request", None),
+        "in_flight": getattr(spec, "max_in_flight_tokens", None),
         "seconds": seconds,
         "mixed_steps": mixed["steps"],
     }

@@ -52,7 +52,7 @@ def register() -> None:
         if current_platform.is_cpu():
             from sinklab_vllm.backend import set_active
 
-            set_active(options)
+            set_active(options, vllm_config)
 
     def register_custom_kv_cache_specs(cls: type, vllm_config: Any) -> None:
         original_specs(cls, vllm_config)

@@ -49,14 +49,18 @@ from sinklab_vllm.rotary import KeyMover, mover_of
 CLASS_PATH = "sinklab_vllm.backend.SinkCPUAttentionBackend"
 QUERIES_AT_ONCE = 64  # evicted queries per gather: a long prompt's chunk is taken in pieces
 
-# The options of the engine this process serves, recorded when its configuration is checked or
-# its layers are built (a worker process sees the layers, the engine core the configuration).
-_ACTIVE: dict[str, SinkOptions | None] = {"options": None}
+# The options of the engine this process serves, and its in-flight tokens (vLLM's
+# ``max_in_flight_tokens``), recorded when its configuration is checked or its layers are built
+# (a worker process sees the layers, the engine core the configuration).
+_ACTIVE: dict[str, Any] = {"options": None, "in_flight": 0}
 
 
-def set_active(options: SinkOptions | None) -> None:
-    """Record the options of the engine being built in this process (``None``: plugin off)."""
+def set_active(options: SinkOptions | None, vllm_config: Any = None) -> None:
+    """Record the options of the engine being built in this process (``None``: plugin off) and,
+    from ``vllm_config``, its in-flight tokens."""
     _ACTIVE["options"] = options
+    if vllm_config is not None:
+        _ACTIVE["in_flight"] = int(vllm_config.max_in_flight_tokens)
 
 
 def active_options() -> SinkOptions | None:
@@ -67,15 +71,25 @@ def active_options() -> SinkOptions | None:
     config = get_current_vllm_config_or_none()
     if config is not None and getattr(config, "additional_config", None) is not None:
         options = options_of(config.additional_config)
-        set_active(options)
+        set_active(options, config)
         return options
     return _ACTIVE["options"]
 
 
-def sink_spec(spec: FullAttentionSpec, options: SinkOptions) -> SinkWindowSpec:
-    """``spec`` with the request footprint of a sink + window cache."""
+def sink_spec(
+    spec: FullAttentionSpec, options: SinkOptions, max_in_flight_tokens: int | None = None
+) -> SinkWindowSpec:
+    """``spec`` with the request footprint of a sink + window cache; ``max_in_flight_tokens``
+    (default: the engine's, as :func:`set_active` recorded it) bounds what a prompt chunk adds."""
+    if max_in_flight_tokens is None:
+        max_in_flight_tokens = int(_ACTIVE["in_flight"])
     values = {f.name: getattr(spec, f.name) for f in fields(spec) if f.init}
-    return SinkWindowSpec(**values, n_sink=options.n_sink, window=options.window)
+    return SinkWindowSpec(
+        **values,
+        n_sink=options.n_sink,
+        window=options.window,
+        max_in_flight_tokens=max_in_flight_tokens,
+    )
 
 
 def _model_rope() -> tuple[Any, int]:

@@ -10,8 +10,13 @@ as vLLM's own ``RSWAManager`` frees its gap. Slots evicted inside a block that i
 sink block's tail, the oldest window block's head) stay allocated; the attention side never reads
 them (:mod:`sinklab_vllm.backend` gathers exactly the kept slots).
 
-A decoding request holds at most :meth:`SinkWindowSpec.max_blocks` blocks, however long it runs
-(a prompt chunk allocates its own blocks before the next step frees the ones that fell out).
+A decoding request holds at most :meth:`SinkWindowSpec.max_blocks` blocks, however long it runs.
+A prompt chunk allocates its own blocks before the next step frees the ones that fell out, so a
+request reading its prompt (or re-reading it after a preemption) holds at most
+:meth:`SinkWindowSpec.admission_blocks`: that is what vLLM reserves to admit it (the manager's
+``max_admission_blocks_per_request``, which vLLM sets only for its own recycling specs) and what
+the pool is sized by, so a 20,000-token request is admitted, and resumed, on the blocks it can
+ever hold, not on 20,000 tokens' worth.
 """
 
 from __future__ import annotations
@@ -30,6 +35,9 @@ class SinkWindowSpec(FullAttentionSpec):
 
     n_sink: int
     window: int
+    # tokens scheduled but not yet settled (vLLM's ``VllmConfig.max_in_flight_tokens``, read
+    # where the spec is made): the most a prompt chunk adds before its step frees what fell out
+    max_in_flight_tokens: int = 0
 
     def max_blocks(self) -> int:
         """Blocks one request holds at most: the sinks' blocks, plus the ``window + 1`` positions
@@ -37,28 +45,46 @@ class SinkWindowSpec(FullAttentionSpec):
         block than they fill."""
         return cdiv(self.n_sink, self.block_size) + cdiv(self.window + 1, self.block_size) + 1
 
+    def admission_blocks(self, max_in_flight_tokens: int | None = None) -> int:
+        """Blocks one request holds at most while a prompt chunk of up to
+        ``max_in_flight_tokens`` (default: the spec's) is in flight: the sinks' blocks, plus the
+        window, the chunk and the straddle. At least :meth:`max_blocks`."""
+        chunk = self.max_in_flight_tokens if max_in_flight_tokens is None else max_in_flight_tokens
+        reading = (
+            cdiv(self.n_sink, self.block_size) + cdiv(self.window + chunk, self.block_size) + 1
+        )
+        return max(self.max_blocks(), reading)
+
     def max_memory_usage_bytes(self, vllm_config: Any) -> int:
-        return self.max_blocks() * self.page_size_bytes
+        """What one request can hold (vLLM sizes the pool by it): :meth:`admission_blocks`."""
+        return self.admission_blocks(vllm_config.max_in_flight_tokens) * self.page_size_bytes
 
     @classmethod
     def merge(cls, specs: list[Self]) -> Self:
         """One spec for a group of layers: :class:`FullAttentionSpec`'s merge, with the one
         ``(n_sink, window)`` every layer of the group must share."""
-        sizes = {(s.n_sink, s.window) for s in specs}
+        sizes = {(s.n_sink, s.window, s.max_in_flight_tokens) for s in specs}
         if len(sizes) != 1:
             raise ValueError(
-                "sinklab: the layers of one KV cache group differ in (n_sink, window): "
-                f"{sorted(sizes)}"
+                "sinklab: the layers of one KV cache group differ in (n_sink, window, "
+                f"max_in_flight_tokens): {sorted(sizes)}"
             )
         merged = FullAttentionSpec.merge(specs)
         values = {f.name: getattr(merged, f.name) for f in fields(merged) if f.init}
-        ((n_sink, window),) = sizes
-        return cls(**values, n_sink=n_sink, window=window)
+        ((n_sink, window, in_flight),) = sizes
+        return cls(**values, n_sink=n_sink, window=window, max_in_flight_tokens=in_flight)
 
 
 class SinkWindowManager(FullAttentionManager):
     """Frees, one step at a time, the whole blocks that fell out between the sinks and the
-    window; everything else is :class:`FullAttentionManager`'s."""
+    window, and admits a request on the blocks it can hold (:meth:`SinkWindowSpec.
+    admission_blocks`); everything else is :class:`FullAttentionManager`'s."""
+
+    def __init__(self, kv_cache_spec: Any, **kwargs: Any) -> None:
+        super().__init__(kv_cache_spec, **kwargs)
+        if self.max_admission_blocks_per_request is None:  # vLLM sets it for its own specs only
+            assert isinstance(kv_cache_spec, SinkWindowSpec)
+            self.max_admission_blocks_per_request = kv_cache_spec.admission_blocks()
 
     def remove_skipped_blocks(
         self,
