@@ -117,3 +117,41 @@ def test_a_text_too_short_to_evict_is_one_line_naming_the_report_option(
     line = assert_one_line_error(run_main(capsys, *args), "would evict nothing")
     assert "short.txt" in line and "--set window (at most" in line
     assert not out.exists()  # nothing written
+
+
+def test_a_text_too_short_for_a_stage_names_the_text_not_a_flag(loaded, tmp_path):
+    """A text cut below a stage's smallest input fails that stage with one line naming the
+    text (not `sinklab probe`'s `--q0` or `sinklab ablate`'s `--tokens`, which the report does
+    not have)."""
+    path = tmp_path / "tiny.txt"
+    path.write_text("To be, or not to be, that is the question.\n", encoding="utf-8")
+    ctx = _context(loaded, path, tmp_path)
+    held = text_tokens(ctx.text, loaded.tokenizer, 10**6)
+    assert held < 16  # the premise
+    for name in ("probe", "first-token", "claims"):
+        (stage,) = select_stages([name])
+        with pytest.raises(SinklabError) as err:
+            stage.params(_context(loaded, path, tmp_path))
+        line = str(err.value)
+        assert (
+            line.startswith(f"tiny.txt holds {held:,} tokens, fewer than the ") and "\n" not in line
+        )
+        assert line.endswith("pass a longer text") and "--" not in line, line
+
+
+def test_the_stream_claims_note_counts_a_smaller_stream_tokens_first(loaded, short_text, tmp_path):
+    ctx = _context(loaded, short_text, tmp_path, stream_tokens=100)
+    (claims,) = select_stages(["claims"])
+    assert claims.params(ctx)["stream_tokens"] == 100
+    assert ctx.fitted == []  # 3 windows of 100 fit: nothing was cut by the text
+
+
+def test_a_several_models_report_checks_the_text_before_any_work(
+    tiny_model_dir, shorter_text, tmp_path, capsys
+):
+    out = tmp_path / "r"
+    models = f"{tiny_model_dir('llama')},{tiny_model_dir('qwen2')}"
+    args = ["report", "--quick", "--stages", "probe,stream", "--model", models]
+    args += ["--text", str(shorter_text), "--set", "window=300", "--out", str(out)]
+    line = assert_one_line_error(run_main(capsys, *args), "would evict nothing")
+    assert "short.txt" in line and not out.exists()

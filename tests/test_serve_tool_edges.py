@@ -2,16 +2,18 @@
 on a tiny random Qwen2 with Qwen2.5's own tokenizer and chat template, served in process by the
 real engine and app:
 
-- a tool whose parameters use ``$defs`` (pydantic's) is forced like any other, its arguments
-  checked by hand against the schema;
+- a tool whose parameters use ``$defs`` (pydantic's) is forced like any other, alone or beside
+  another, its arguments checked by hand against the schema; data that looks like a reference
+  (a ``const``) stays as sent;
 - parameters that are not an object, grammar-engine options on any tool, two tools of one name
   and a ``stop`` beside a forced call are precise 400s;
-- a forced reply cut by ``max_tokens`` inside its first call has no content (not the raw
-  markup), whole and streamed, and its conversation continues the same session;
+- a forced reply cut by ``max_tokens`` inside its first call has empty content (not the raw
+  markup), whole and streamed, and its conversation, sent back as it came, continues the session;
 - a named function is called once;
 - logprobs entries are the tokens whose text begins before a stop string's cut: their texts
   joined are the content when the stop string begins on a token, for n = 1 and n > 1, whole and
-  streamed, and on the completions route."""
+  streamed (each chunk carrying the entries of the tokens its text begins), and on the
+  completions route."""
 
 from __future__ import annotations
 
@@ -70,7 +72,9 @@ def _chat(client, **body):
 
 
 def _streamed(client, path: str, body: dict) -> tuple[dict[int, str], dict[int, list], list]:
-    """Each choice's streamed text and logprob entries, and every chunk."""
+    """Each choice's streamed text and logprob entries, and every chunk. After each chunk a
+    choice's entries so far must be the tokens whose text begins in its text so far (an entry
+    goes out with its token's text): checked here, for any stream with logprobs."""
     text: dict[int, str] = {}
     entries: dict[int, list] = {}
     chunks = []
@@ -87,6 +91,10 @@ def _streamed(client, path: str, body: dict) -> tuple[dict[int, str], dict[int, 
                 text[i] = text.get(i, "") + (piece or "")
                 lp = ch.get("logprobs") or {}
                 entries.setdefault(i, []).extend(lp.get("content") or lp.get("tokens") or [])
+                if entries[i] and ch.get("finish_reason") is None:
+                    got = [e["token"] if isinstance(e, dict) else e for e in entries[i]]
+                    begun = "".join(got[:-1])  # every entry but the last began before its text
+                    assert len(begun) < len(text[i]) <= len("".join(got)), (got, text[i])
     return text, entries, chunks
 
 
@@ -96,9 +104,12 @@ def _bad(resp, param: str, needle: str) -> None:
     assert err["param"] == param and needle in err["message"], err
 
 
-def test_parameters_with_defs_are_forced_like_any_other(client):
+@pytest.mark.parametrize("beside", [False, True], ids=["alone", "beside-another"])
+def test_parameters_with_defs_are_forced_like_any_other(client, beside):
+    tools = [WEATHER, BOOK] if beside else [BOOK]  # beside: BOOK's refs under #/anyOf/1
+    named = {"type": "function", "function": {"name": "book"}}
     for seed in range(3):
-        out = _chat(client, tools=[BOOK], tool_choice="required", max_tokens=80, seed=seed)
+        out = _chat(client, tools=tools, tool_choice=named, max_tokens=80, seed=seed)
         assert out.status_code == 200, out.text
         choice = out.json()["choices"][0]
         if choice["finish_reason"] == "length":
@@ -121,6 +132,11 @@ def test_what_a_forced_call_cannot_honour_is_a_precise_400(client):
         "type": "object", "x-guidance": {"lenient": True}}}}  # fmt: skip
     _bad(_chat(client, tools=[WEATHER, guided], tool_choice={"type": "function",
          "function": {"name": "g"}}), "tools.1.function.parameters", "x-guidance")  # fmt: skip
+    inner = {"type": "string", "x-guidance": {"lenient": True}}
+    nested = {"type": "function", "function": {"name": "n", "parameters": {"type": "object",
+              "properties": {"a": inner}}}}  # fmt: skip
+    _bad(_chat(client, tools=[nested], tool_choice="required"),
+         "tools.0.function.parameters", "x-guidance")  # fmt: skip
     _bad(_chat(client, tools=[WEATHER, WEATHER]), "tools", "'get_weather' is twice")
     _bad(_chat(client, tools=[WEATHER], tool_choice="required", stop=["city"]), "stop", "mid-call")
     # beside a call the model may choose not to make, a stop string is honoured
@@ -134,17 +150,31 @@ def test_a_forced_reply_cut_in_its_first_call_has_no_content_and_continues(clien
     data = out.json()
     choice = data["choices"][0]
     assert choice["finish_reason"] == "length"
-    assert choice["message"]["content"] is None and "tool_calls" not in choice["message"]
+    assert choice["message"]["content"] == "" and "tool_calls" not in choice["message"]
     text, _, chunks = _streamed(client, "/v1/chat/completions", {"messages": MSG, **body})
     assert text == {0: ""} and chunks[-1]["choices"][0]["finish_reason"] == "length"
     assert not any("tool_calls" in ch["delta"] for c in chunks for ch in c["choices"])
     # the client sends the conversation back with the (empty) reply: the same session goes on
-    history = [*MSG, {"role": "assistant", "content": ""}, {"role": "user", "content": "again"}]
+    history = [*MSG, choice["message"], {"role": "user", "content": "again"}]
     more = client.post("/v1/chat/completions", json={"model": "m", "messages": history,
                        "tools": body["tools"], "max_tokens": 2,
                        "session_id": data["session_id"]})  # fmt: skip
     assert more.status_code == 200, more.text
     assert more.json()["session"]["turns"] == 2
+
+
+def test_data_that_looks_like_a_reference_is_kept_as_sent(client):
+    """A ``const`` whose value is an object with a ``$ref`` key is data: only the value sent
+    (not one rebased into the calls' grammar) can be the call's argument."""
+    value = {"$ref": "#/x"}
+    tool = {"type": "function", "function": {"name": "pin", "parameters": {"type": "object",
+            "properties": {"v": {"const": value}}, "required": ["v"],
+            "additionalProperties": False}}}  # fmt: skip
+    out = _chat(client, tools=[tool], tool_choice="required", max_tokens=200, seed=0,
+                parallel_tool_calls=False)  # fmt: skip
+    assert out.status_code == 200, out.text
+    (call,) = out.json()["choices"][0]["message"]["tool_calls"]
+    assert json.loads(call["function"]["arguments"]) == {"v": value}
 
 
 def test_a_named_function_is_called_once(client):

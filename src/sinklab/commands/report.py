@@ -24,7 +24,7 @@ from sinklab.commands.common import (
     split_list,
     stderr,
 )
-from sinklab.corpus import DEFAULT_TEXT, load_text, sequence_tokens
+from sinklab.corpus import DEFAULT_TEXT, load_text
 from sinklab.models.loading import DEFAULT_MODEL
 from sinklab.progress import Progress
 
@@ -78,6 +78,7 @@ def report(
     """
     from sinklab.claims.across import model_names
     from sinklab.report import ReportConfig, build_report, check_out_dir, select_stages
+    from sinklab.report.build import check_fitted
     from sinklab.report.config import parse_overrides
     from sinklab.report.stages import StageResult
 
@@ -95,11 +96,7 @@ def report(
         return
     loaded = load(model, dtype, device, trust_remote_code)
     config, notes = config.fit(loaded.info.max_positions, loaded.info.name)  # clamp, and say so
-    names, limit = [s.name for s in chosen], loaded.info.max_positions
-    held = None
-    if "stream" in names:  # the tokens the text fills of the stream (a user's may be short)
-        held = sequence_tokens(txt, loaded.tokenizer, config.stream_tokens, prepend)
-    config.check_stream(names, limit, held, txt.name)  # fitted to the model and the text: ok?
+    check_fitted(config, chosen, loaded, txt, prepend)  # fitted to the model and the text: ok?
     for note in notes:
         stderr.print(note, highlight=False, soft_wrap=True)
     model_options = _model_options((dtype, device, trust_remote_code), prepend)
@@ -154,13 +151,14 @@ def _report_across(
     a time, and an index page with the claims across models (:mod:`sinklab.report.across`).
     ``prepend``: as in one model's report, each model's tokenizer deciding its own default."""
     from sinklab.report.across import build_across
-    from sinklab.report.build import build_into
+    from sinklab.report.build import build_into, check_fitted
 
     model_options = _model_options(loading, prepend)
 
     def load_one(name: str) -> tuple[Any, list[str], Any]:
         loaded = load(name, *loading)
         fitted, notes = config.fit(loaded.info.max_positions, loaded.info.name)
+        check_fitted(fitted, chosen, loaded, txt, prepend)  # before this model's work
         for note in notes:
             stderr.print(note, highlight=False, soft_wrap=True)
         return loaded, notes, fitted

@@ -66,6 +66,23 @@ def _footer(loaded: LoadedModel, text: Text, n_results: int, seconds: float) -> 
     }
 
 
+def check_fitted(
+    config: ReportConfig,
+    stages: Sequence[Stage],
+    loaded: LoadedModel,
+    text: Text,
+    prepend: str | None = None,
+) -> None:
+    """Refuse, before any work, sizes that cannot run once fitted to the model and the text:
+    a stream stage that would evict nothing (:meth:`ReportConfig.check_stream`, with the tokens
+    a user's short text fills of the stream)."""
+    names = [s.name for s in stages]
+    held = None
+    if "stream" in names:
+        held = sequence_tokens(text, loaded.tokenizer, config.stream_tokens, prepend)
+    config.check_stream(names, loaded.info.max_positions, held, text.name)
+
+
 def build_report(
     loaded: LoadedModel,
     text: Text,
@@ -91,11 +108,7 @@ def build_report(
     (:func:`sinklab.corpus.first_token`; None: the tokenizer's own).
     """
     out = check_out(out, COMMAND)
-    names, limit = [s.name for s in stages], loaded.info.max_positions
-    held = None
-    if "stream" in names:  # the tokens the text fills of the stream (a user's may be short)
-        held = sequence_tokens(text, loaded.tokenizer, config.stream_tokens, prepend)
-    config.check_stream(names, limit, held, text.name)  # before any work
+    check_fitted(config, stages, loaded, text, prepend)  # before any work
     with output_dir(out, COMMAND) as tmp:
         report = build_into(
             tmp,

@@ -25,7 +25,8 @@ from sinklab.report.stages import Stage, StageContext, StageOutput, reproduce_di
 
 def _probe_params(ctx: StageContext) -> dict[str, Any]:
     c = ctx.config
-    return {"tokens": ctx.cap_tokens(c.probe_tokens, size="probe_tokens"), "q0": c.q0}
+    tokens = ctx.cap_tokens(c.probe_tokens, size="probe_tokens", floor=c.q0 + 2)  # a query past q0
+    return {"tokens": tokens, "q0": c.q0}
 
 
 def _probe_cli(ctx: StageContext, name: str, tokens: int, lengths: list[int] | None) -> list[str]:
@@ -145,7 +146,9 @@ def _probe_tables(data: dict[str, Any]) -> list[TableSpec]:
 
 def _probe_lengths_params(ctx: StageContext) -> dict[str, Any]:
     c = ctx.config
-    lengths = sorted({ctx.cap_tokens(n, size="probe_lengths") for n in c.probe_lengths})
+    lengths = sorted(
+        {ctx.cap_tokens(n, size="probe_lengths", floor=c.q0 + 2) for n in c.probe_lengths}
+    )
     return {"lengths": lengths, "q0": c.q0}
 
 

@@ -17,6 +17,8 @@ MAX_ROWS = 40
 # the text experiments (geometry, density, sensitivity) read this many texts (the first plays of
 # the default corpus, else windows of the text), the claims stage the same ones (its samples)
 GEOMETRY_TEXTS = 3
+# the shortest input every ablation stage runs on (AblationConfig's default grid and checks)
+ABLATE_FLOOR = 16
 
 
 def _ablation_run(ctx: StageContext, name: str) -> Any:
@@ -26,7 +28,7 @@ def _ablation_run(ctx: StageContext, name: str) -> Any:
 
     c = ctx.config
     rows = GEOMETRY_TEXTS if _record(name).texts else 1
-    tokens = ctx.cap_tokens(c.ablate_tokens, rows, "ablate_tokens")
+    tokens = ctx.cap_tokens(c.ablate_tokens, rows, "ablate_tokens", ABLATE_FLOOR)
     kw: dict[str, Any] = {"eps": c.thresholds} if "eps" in _record(name).options else {}
     if name == "sensitivity":
         kw["grid"] = min(c.sensitivity_grid, tokens)

@@ -31,21 +31,22 @@ def _params(ctx: StageContext) -> dict[str, Any]:
     from sinklab.ablate import AblationConfig
     from sinklab.claims.core import ClaimsConfig
     from sinklab.corpus import DEFAULT_TEXT, play_names
-    from sinklab.report.catalog_ablate import GEOMETRY_TEXTS
+    from sinklab.report.catalog_ablate import ABLATE_FLOOR, GEOMETRY_TEXTS
 
     c = ctx.config
     default = ctx.text_spec in (DEFAULT_TEXT, "", None)
     windows = 1 if default else GEOMETRY_TEXTS
-    tokens = ctx.cap_tokens(c.ablate_tokens, windows, "ablate_tokens")  # the ablation stages'
+    tokens = ctx.cap_tokens(c.ablate_tokens, windows, "ablate_tokens", ABLATE_FLOOR)  # ablate's
     plays = ",".join(f"{DEFAULT_TEXT}:{n}" for n in play_names()[:GEOMETRY_TEXTS])
     # a window of `tokens` tokens a sample (the stream claim's: `stream_tokens`, as many as a
     # user's text holds; too few past eviction and the claim says it was not measured)
-    streamed = ctx.cap_tokens(ClaimsConfig.stream_tokens, windows, "the stream claim's length")
+    asked = min(ClaimsConfig.stream_tokens, c.stream_tokens)
+    streamed = ctx.cap_tokens(asked, windows, "the stream claim's length", floor=8)
     p: dict[str, Any] = {
         "texts": plays if default else ctx.text_spec,
         "windows": windows,
         "tokens": tokens,
-        "stream_tokens": min(streamed, c.stream_tokens),
+        "stream_tokens": streamed,
         "window": min(c.window, 28 if c.quick else 60),
         "n_sink": c.n_sink,
         "grid": min(c.sensitivity_grid, tokens),  # the sensitivity stage's

@@ -23,6 +23,7 @@ from typing import Any
 import torch
 
 from sinklab.corpus import FirstToken, Text, first_token, text_tokens, token_stream
+from sinklab.errors import SinklabError
 from sinklab.models.loading import LoadedModel
 from sinklab.outputs import place_error
 from sinklab.progress import Progress, quiet
@@ -80,12 +81,13 @@ class StageContext:
             self.shared[key] = token_stream(self.text, self.loaded.tokenizer, n_tokens, self.first)
         return self.shared[key]
 
-    def cap_tokens(self, n_tokens: int, windows: int = 1, size: str = "") -> int:
+    def cap_tokens(self, n_tokens: int, windows: int = 1, size: str = "", floor: int = 0) -> int:
         """``n_tokens`` limited to the model's max positions (tiny models have short ones) and
         to what the text holds in ``windows`` windows of that length (each window starts with
         the run's first token(s): :func:`sinklab.corpus.token_windows`). A user's text shorter
         than a size asks is read whole rather than refused; ``size`` (the config field that
-        asked) names the cut in a note under the stage's title (:attr:`fitted`)."""
+        asked) names the cut in a note under the stage's title (:attr:`fitted`). A text too
+        short for the stage's smallest input (``floor`` tokens) is one line naming the text."""
         limit = self.loaded.info.max_positions
         n = min(n_tokens, limit) if limit else n_tokens
         k = len(self.first.added)
@@ -99,6 +101,12 @@ class StageContext:
         if held >= need:
             return n
         fit = k + held // windows
+        if fit < floor:
+            each = f" in each of {windows} windows" if windows > 1 else ""
+            raise SinklabError(
+                f"{self.text.name} holds {held:,} tokens, fewer than the {floor:,}{each} this "
+                "stage reads at least; pass a longer text"
+            )
         if size:
             each = f" in each of {windows} windows" if windows > 1 else ""
             note = (

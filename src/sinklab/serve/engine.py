@@ -543,8 +543,9 @@ class Engine:
             "finish_reason": "tool_calls"
             if calls and not (job.forced and finish == "length")
             else finish,
-            # a forced reply is calls only: one cut inside its first call has no content
-            "reply": content if calls else (None if job.forced else job.text),
+            # a forced reply is calls only: one cut inside its first call has empty content (not
+            # its markup; "" rather than null, which a client could not send back without calls)
+            "reply": content if calls else ("" if job.forced else job.text),
             "tool_calls": calls,
             "logprobs": {"content": logprobs} if job.sampling and job.sampling.logprobs else None,
             "usage": {

@@ -38,12 +38,12 @@ class ToolFunction(BaseModel):
     def _parameters(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
         """A function's arguments are one JSON object (OpenAI's rule, and what a call carries:
         :func:`parse_calls`); the grammar engine's own options are not a client's to set."""
-        if value is not None and value.get("type", "object") != "object":
+        if value is not None and value.get("type", "object") not in ("object", ["object"]):
             raise ValueError(
                 f"a function's parameters are a JSON schema of type 'object', got type "
                 f"{value['type']!r}"
             )
-        if value is not None and "x-guidance" in value:  # could turn enforcement off
+        if value is not None and _has_key(value, "x-guidance"):  # could turn enforcement off
             raise ValueError("x-guidance (grammar-engine options) is not accepted in a schema")
         return value
 
@@ -134,13 +134,38 @@ def call_schema(tool: dict[str, Any], at: str = "#") -> dict[str, Any]:
     }
 
 
+_DATA = frozenset({"const", "enum", "default", "examples"})  # values, not schemas: kept as sent
+_NAMED = frozenset({"properties", "patternProperties", "$defs", "definitions", "dependentSchemas"})
+
+
+def _has_key(node: Any, key: str) -> bool:
+    """Whether ``key`` is a keyword of the schema ``node`` or of any schema inside it (not a
+    property's name, nor inside data such as ``const``)."""
+    if isinstance(node, list):
+        return any(_has_key(v, key) for v in node)
+    if not isinstance(node, dict):
+        return False
+    if key in node:
+        return True
+    for k, v in node.items():
+        if k in _NAMED and isinstance(v, dict):  # name -> schema: the names are not keywords
+            if any(_has_key(s, key) for s in v.values()):
+                return True
+        elif k not in _DATA and _has_key(v, key):
+            return True
+    return False
+
+
 def _rebased(node: Any, base: str) -> Any:
     """``node`` with every local ``$ref`` (``#`` or ``#/...``) pointing under ``base`` instead
-    of the root (remote references are left for the compiler to refuse)."""
+    of the root (remote references are left for the compiler to refuse; values under ``const``,
+    ``enum``, ``default`` and ``examples`` are data and stay as they are)."""
     if isinstance(node, dict):
         return {
             k: base + v[1:]
             if k == "$ref" and isinstance(v, str) and (v == "#" or v.startswith("#/"))
+            else v
+            if k in _DATA
             else _rebased(v, base)
             for k, v in node.items()
         }
