@@ -161,26 +161,32 @@ def worker(spec: dict) -> dict:
 # run by the llama-cpp venv's python: argv[1] is a JSON spec; prints one JSON line
 _LLAMA_SCRIPT = r"""
 import json, statistics, sys, time
+import llama_cpp
+import numpy as np
 from llama_cpp import Llama
 
 spec = json.loads(sys.argv[1])
 def make():
     return Llama(model_path=spec["gguf"], n_ctx=1024, n_threads=spec["threads"],
                  n_threads_batch=spec["threads"], verbose=False, logits_all=False)
-out = {"version": __import__("llama_cpp").__version__}
+def argmax(llm):
+    # the last token's logits (with logits_all=False, Llama.scores is not filled: reading it
+    # gave token 0 at every step before 2026-12-06, so the decoded text was not the model's)
+    row = np.ctypeslib.as_array(llama_cpp.llama_get_logits(llm.ctx), shape=(llm.n_vocab(),))
+    return int(row.argmax())
+out = {"version": llama_cpp.__version__}
 for n in (1, 8):
     llms = [make() for _ in range(n)]
     nxt = []
     for llm, prompt in zip(llms, spec["prompts"][:n]):
         llm.eval(prompt)
-        nxt.append(int(llm.scores[llm.n_tokens - 1].argmax()))
+        nxt.append(argmax(llm))
     wall, cpu, tokens = [], [], [nxt[0]]
     for _ in range(spec["steps"]):
         t0, c0 = time.perf_counter(), time.process_time()
         for i, llm in enumerate(llms):
             llm.eval([nxt[i]])
-            row = llm.scores[llm.n_tokens - 1]
-            nxt[i] = int(row.argmax())
+            nxt[i] = argmax(llm)
         wall.append(time.perf_counter() - t0)
         cpu.append(time.process_time() - c0)
         tokens.append(nxt[0])

@@ -214,6 +214,7 @@ def stream_check(
     assert bound == -(-n_sink // block_size) + -(-(window + 1) // block_size) + 1
     # admitted on what it can hold with the engine's in-flight tokens, not on its whole length
     flight = ours["in_flight"]
+    assert flight == ours["engine_in_flight"] and flight, (flight, ours["engine_in_flight"])
     reading = -(-n_sink // block_size) + -(-(window + flight) // block_size) + 1
-    assert flight > 0 and ours["admission"] == max(bound, reading), (ours["admission"], flight)
+    assert ours["admission"] == max(bound, reading), (ours["admission"], flight)
     assert ours["max_blocks"] == [bound] * len(prompts), (ours["max_blocks"], bound)

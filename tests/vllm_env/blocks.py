@@ -83,7 +83,13 @@ def run(req: dict) -> dict:
     admission = None
     if req.get("long"):
         long, chunk = int(req["long"]), int(req["chunk"])
-        reserved = manager.get_num_blocks_to_allocate(
+        # a pool of exactly the admission bound, and a manager of its own
+        own = BlockPool(
+            num_gpu_blocks=spec.admission_blocks() + 1, enable_caching=False, hash_block_size=bs
+        )  # one more than the bound: vLLM keeps a null block
+        long_manager = SinkWindowManager(kv_cache_spec=spec, block_pool=own, enable_caching=False,
+                                    kv_cache_group_id=0, scheduler_block_size=bs)  # fmt: skip
+        reserved = long_manager.get_num_blocks_to_allocate(
             request_id="long",
             num_tokens=long,
             new_computed_blocks=[],
@@ -92,15 +98,27 @@ def run(req: dict) -> dict:
             num_tokens_main_model=long,
             apply_admission_cap=True,
         )
+        assert reserved <= own.get_num_free_blocks(), (reserved, own.get_num_free_blocks())
         t, most = 0, 0
         while t < long:  # one chunk a step: free what fell out, then the chunk's slots
             new = min(chunk, long - t)
-            manager.remove_skipped_blocks("long", t)
-            manager.allocate_new_blocks("long", t + new, t + new)
-            real = sum(b is not pool.null_block for b in manager.req_to_blocks["long"])
+            long_manager.remove_skipped_blocks("long", t)
+            need = long_manager.get_num_blocks_to_allocate(
+                request_id="long",
+                num_tokens=t + new,
+                new_computed_blocks=[],
+                total_computed_tokens=t,
+                num_local_computed_tokens=0,
+                num_tokens_main_model=t + new,
+            )
+            assert need <= own.get_num_free_blocks(), ("long", t, need)  # the pool suffices
+            long_manager.allocate_new_blocks("long", t + new, t + new)
+            real = sum(b is not own.null_block for b in long_manager.req_to_blocks["long"])
             most, t = max(most, real), t + new
-        manager.free("long")
-        admission = {"reserved": reserved, "most_held": most, "bound": spec.admission_blocks()}
+        long_manager.free("long")
+        bound = spec.admission_blocks()
+        admission = {"reserved": reserved, "most_held": most, "bound": bound,
+                     "free_after": own.get_num_free_blocks(), "pool": bound}  # fmt: skip
     return {
         "max_blocks": spec.max_blocks(),
         "held": held,

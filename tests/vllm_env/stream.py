@@ -14,8 +14,9 @@ every block allocation of every request, how many real (not null) blocks it hold
 change). Writes ``SINKLAB-RESULT {"tokens": [[...], ...], "logprobs": [[each chosen token's
 log-probability], ...], "max_blocks": [per request], "bound": the spec's bound or null,
 "admission": the manager's admission cap in blocks or null, "in_flight": the spec's in-flight
-tokens or null, "spec": class name, "seconds": generate's wall time, "mixed_steps": builds (one
-per layer group and forward) where a decode past the window sat beside a prompt chunk}``."""
+tokens or null, "engine_in_flight": the engine configuration's, "spec": class name,
+"seconds": generate's wall time, "mixed_steps": builds (one per layer group and forward) where a
+decode past the window sat beside a prompt chunk}``."""
 
 from __future__ import annotations
 
@@ -135,6 +136,7 @@ def main() -> None:
         # what the scheduler reserves to admit a request, and the in-flight tokens it allows for
         "admission": getattr(seen.get("manager"), "max_admission_blocks_per_request", None),
         "in_flight": getattr(spec, "max_in_flight_tokens", None),
+        "engine_in_flight": llm.llm_engine.vllm_config.max_in_flight_tokens,
         "seconds": seconds,
         "mixed_steps": mixed["steps"],
     }

@@ -144,7 +144,8 @@ def claims(
       sinklab claims --claims first-token-sinks,sink-cheaper --lab runs/ --out claims-out
     """
     from sinklab.claims.across import model_names
-    from sinklab.claims.core import DEFAULT_TEXTS, ClaimsConfig, claims_on
+    from sinklab.claims.core import DEFAULT_TEXTS, ClaimsConfig
+    from sinklab.claims.run import ClaimsRun
     from sinklab.errors import SinklabError
 
     if lab_cache or clear_lab_cache:
@@ -187,7 +188,7 @@ def claims(
     texts_read = config.read_texts()  # a bad text fails before the model loads
     loaded = load(model, dtype, device, trust_remote_code) if config.needs_model else None
     with progress(fmt is OutputFormat.text) as bars:
-        result = claims_on(loaded, config, bars.bar("claims"), texts_read)
+        result = ClaimsRun(config).run(loaded, bars.bar("claims"), texts_read)
     data = result.to_json()
     if out is not None:
         from sinklab.claims.plots import plot_claims
@@ -221,7 +222,7 @@ def _claims_across(
     import gc
 
     from sinklab.claims.across import across_table, differences, plot_across
-    from sinklab.claims.core import claims_on
+    from sinklab.claims.run import ClaimsRun
     from sinklab.meta import attach_meta
 
     texts_read = config.read_texts()  # a bad text fails before the first model loads
@@ -230,7 +231,7 @@ def _claims_across(
     with progress(fmt is OutputFormat.text) as bars:
         for name in names:
             loaded = load(name, *loading)
-            result = claims_on(loaded, config, bars.bar(f"claims {name}"), texts_read)
+            result = ClaimsRun(config).run(loaded, bars.bar(f"claims {name}"), texts_read)
             runs.append((name, result.to_json()))
             del loaded, result
             gc.collect()  # the next model loads into the memory this one held

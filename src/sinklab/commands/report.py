@@ -158,7 +158,8 @@ def _report_across(
     def load_one(name: str) -> tuple[Any, list[str], Any]:
         loaded = load(name, *loading)
         fitted, notes = config.fit(loaded.info.max_positions, loaded.info.name)
-        check_fitted(fitted, chosen, loaded, txt, prepend)  # before this model's work
+        if name == names[0]:  # before any work; a later model's own stage says it instead,
+            check_fitted(fitted, chosen, loaded, txt, prepend)  # so no finished report is lost
         for note in notes:
             stderr.print(note, highlight=False, soft_wrap=True)
         return loaded, notes, fitted

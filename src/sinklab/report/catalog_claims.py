@@ -66,46 +66,45 @@ def _params(ctx: StageContext) -> dict[str, Any]:
     return p
 
 
-def _command(ctx: StageContext) -> list[str]:
+def _claims_run(ctx: StageContext) -> Any:
+    """The stage's run: ``sinklab claims`` at the page's sizes (:func:`_params`)."""
+    from sinklab.claims.core import ClaimsConfig
+    from sinklab.claims.run import ClaimsRun
+
     p = _params(ctx)
-    cmd = ["sinklab", "claims", *ctx.model_args]
-    cmd += ["--texts", p["texts"], "--windows", str(p["windows"])]
-    keys = ("tokens", "stream_tokens", "window", "n_sink", "grid", "probes", "q0", "eps")
-    keys += ("sensitivity_tokens", "cost_seeds", "cost_lengths", "cost_steps", "lab_size", "seed")
-    if p["lab_steps"] is not None:
-        keys += ("lab_steps",)
-    for key in keys:
-        cmd += [f"--{key.replace('_', '-')}", str(p[key])]
-    return [*cmd, "--out", reproduce_dir(ctx, "claims")]
+    return ClaimsRun(
+        ClaimsConfig(
+            texts=tuple(p["texts"].split(",")),
+            windows=p["windows"],
+            probe_tokens=p["tokens"],
+            stream_tokens=p["stream_tokens"],
+            window=p["window"],
+            n_sink=p["n_sink"],
+            grid=p["grid"],
+            probes=p["probes"],
+            sensitivity_tokens=p["sensitivity_tokens"],
+            q0=p["q0"],
+            eps=p["eps"],
+            cost_seeds=p["cost_seeds"],
+            cost_steps=p["cost_steps"],
+            cost_lengths=tuple(int(x) for x in p["cost_lengths"].split(",")),
+            lab_size=p["lab_size"],
+            lab_steps=p["lab_steps"],
+            seed=p["seed"],
+            prepend=ctx.prepend,
+        )
+    )
+
+
+def _command(ctx: StageContext) -> list[str]:
+    return _claims_run(ctx).argv(ctx.model_args, reproduce_dir(ctx, "claims"))
 
 
 def _run(ctx: StageContext) -> StageOutput:
-    from sinklab.claims.core import ClaimsConfig, claims_on
     from sinklab.claims.plots import plot_claims
 
-    p = _params(ctx)
-    config = ClaimsConfig(
-        texts=tuple(p["texts"].split(",")),
-        windows=p["windows"],
-        probe_tokens=p["tokens"],
-        stream_tokens=p["stream_tokens"],
-        window=p["window"],
-        n_sink=p["n_sink"],
-        grid=p["grid"],
-        probes=p["probes"],
-        sensitivity_tokens=p["sensitivity_tokens"],
-        q0=p["q0"],
-        eps=p["eps"],
-        cost_seeds=p["cost_seeds"],
-        cost_steps=p["cost_steps"],
-        cost_lengths=tuple(int(x) for x in p["cost_lengths"].split(",")),
-        lab_size=p["lab_size"],
-        lab_steps=p["lab_steps"],
-        seed=p["seed"],
-        prepend=ctx.prepend,
-    )
     loaded = ctx.loaded
-    result = claims_on(loaded, config, ctx.progress)
+    result = _claims_run(ctx).run(loaded, ctx.progress)
     data = result.to_json()
     png = ctx.figures_dir / "claims_effects.png"
     plot_claims(data["claims"], png, title=f"Claims: {loaded.info.name}")

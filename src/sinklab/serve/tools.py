@@ -135,7 +135,10 @@ def call_schema(tool: dict[str, Any], at: str = "#") -> dict[str, Any]:
 
 
 _DATA = frozenset({"const", "enum", "default", "examples"})  # values, not schemas: kept as sent
-_NAMED = frozenset({"properties", "patternProperties", "$defs", "definitions", "dependentSchemas"})
+_NAMED = frozenset(
+    {"properties", "patternProperties", "$defs", "definitions", "dependentSchemas",
+     "dependencies", "dependentRequired"}
+)  # fmt: skip
 
 
 def _has_key(node: Any, key: str) -> bool:
@@ -161,14 +164,17 @@ def _rebased(node: Any, base: str) -> Any:
     of the root (remote references are left for the compiler to refuse; values under ``const``,
     ``enum``, ``default`` and ``examples`` are data and stay as they are)."""
     if isinstance(node, dict):
-        return {
-            k: base + v[1:]
-            if k == "$ref" and isinstance(v, str) and (v == "#" or v.startswith("#/"))
-            else v
-            if k in _DATA
-            else _rebased(v, base)
-            for k, v in node.items()
-        }
+        out: dict[str, Any] = {}
+        for k, v in node.items():
+            if k == "$ref" and isinstance(v, str) and (v == "#" or v.startswith("#/")):
+                out[k] = base + v[1:]
+            elif k in _NAMED and isinstance(v, dict):  # name -> schema: a name is no keyword
+                out[k] = {name: _rebased(s, base) for name, s in v.items()}
+            elif k in _DATA:
+                out[k] = v
+            else:
+                out[k] = _rebased(v, base)
+        return out
     if isinstance(node, list):
         return [_rebased(v, base) for v in node]
     return node

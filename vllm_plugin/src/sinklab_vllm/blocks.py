@@ -15,8 +15,8 @@ A prompt chunk allocates its own blocks before the next step frees the ones that
 request reading its prompt (or re-reading it after a preemption) holds at most
 :meth:`SinkWindowSpec.admission_blocks`: that is what vLLM reserves to admit it (the manager's
 ``max_admission_blocks_per_request``, which vLLM sets only for its own recycling specs) and what
-the pool is sized by, so a 20,000-token request is admitted, and resumed, on the blocks it can
-ever hold, not on 20,000 tokens' worth.
+vLLM's start-up check and concurrency estimate count per request, so a 20,000-token request is
+admitted, and resumed, on the blocks it can ever hold, not on 20,000 tokens' worth.
 """
 
 from __future__ import annotations
@@ -56,8 +56,13 @@ class SinkWindowSpec(FullAttentionSpec):
         return max(self.max_blocks(), reading)
 
     def max_memory_usage_bytes(self, vllm_config: Any) -> int:
-        """What one request can hold (vLLM sizes the pool by it): :meth:`admission_blocks`."""
-        return self.admission_blocks(vllm_config.max_in_flight_tokens) * self.page_size_bytes
+        """What one request can hold (vLLM's start-up minimum and its concurrency estimate):
+        :meth:`admission_blocks`, and never more than ``max_model_len`` tokens' blocks (as
+        vLLM's own sliding-window spec caps it), so the plugin never asks more than full
+        attention would."""
+        blocks = self.admission_blocks(vllm_config.max_in_flight_tokens)
+        longest = cdiv(vllm_config.model_config.max_model_len, self.block_size)
+        return min(blocks, longest) * self.page_size_bytes
 
     @classmethod
     def merge(cls, specs: list[Self]) -> Self:
