@@ -137,3 +137,18 @@ def test_parameters_the_grammar_cannot_enforce_are_refused_naming_them(smollm2):
         err.value.param == "tools"
         and "not a JSON schema this server can enforce" in err.value.message
     )
+
+
+def test_references_are_rebased_under_names_and_data_is_not():
+    """``call_schema`` rebases every local ``$ref`` to where the parameters sit, also under a
+    property whose name is a keyword elsewhere (``default``), and leaves data (a ``const``)."""
+    from sinklab.serve.tools import call_schema
+
+    params = {"type": "object", "$defs": {"M": {"type": "string"}},
+              "properties": {"default": {"$ref": "#/$defs/M"}, "x": {"$ref": "#"},
+                             "c": {"const": {"$ref": "#/y"}}}}  # fmt: skip
+    tool = {"type": "function", "function": {"name": "f", "parameters": params}}
+    got = call_schema(tool, "#/anyOf/1")["properties"]["arguments"]["properties"]
+    assert got["default"] == {"$ref": "#/anyOf/1/properties/arguments/$defs/M"}
+    assert got["x"] == {"$ref": "#/anyOf/1/properties/arguments"}
+    assert got["c"] == {"const": {"$ref": "#/y"}}
