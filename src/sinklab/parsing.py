@@ -48,3 +48,9 @@ def parse_float_list(value: str | None, name: str, example: str) -> tuple[float,
         raise SinklabError(
             f"{name} must be comma-separated numbers, e.g. {example}; got {short(value)}"
         ) from None
+
+
+def as_option(value: object) -> str:
+    """A config value as a command line writes it: a tuple or list comma-separated (what
+    :func:`split_list` and :func:`parse_int_list` read back), anything else as ``str``."""
+    return ",".join(map(str, value)) if isinstance(value, tuple | list) else str(value)

@@ -15,6 +15,7 @@ from sinklab.ablate.inputs import experiment_ids
 from sinklab.ablate.registry import check_experiment, get_experiment, run_experiment
 from sinklab.corpus import FirstToken, Text
 from sinklab.errors import SinklabError
+from sinklab.parsing import as_option
 from sinklab.progress import Progress, quiet
 
 #: config field -> its ``sinklab ablate`` option, written by :meth:`AblationRun.argv` when it
@@ -29,10 +30,6 @@ _OPTIONS = {
     "grid": "--grid",
     "probes": "--probes",
 }
-
-
-def _csv(value: Any) -> str:
-    return ",".join(map(str, value)) if isinstance(value, tuple | list) else str(value)
 
 
 @dataclass(frozen=True)
@@ -93,9 +90,9 @@ class AblationRun:
         for name, option in _OPTIONS.items():
             value = getattr(c, name)
             if value != defaults[name] or (name == "grid" and self.experiment == "sensitivity"):
-                cmd += [option, _csv(value)]
+                cmd += [option, as_option(value)]
         if record.texts:
             cmd += ["--texts", str(self.texts)]
         if "eps" in record.options:
-            cmd += ["--eps", _csv(c.eps)]
+            cmd += ["--eps", as_option(c.eps)]
         return [*cmd, "--seed", str(c.seed), "--out", out]

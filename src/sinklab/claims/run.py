@@ -12,6 +12,7 @@ from typing import Any
 from sinklab.claims.core import ClaimsConfig, ClaimsResult, claims_on
 from sinklab.corpus import Text
 from sinklab.models.loading import LoadedModel
+from sinklab.parsing import as_option
 from sinklab.progress import Progress, quiet
 
 #: config field -> its ``sinklab claims`` option, in the order :meth:`ClaimsRun.argv` writes
@@ -40,10 +41,6 @@ OPTIONS = {
 }
 
 
-def _value(value: Any) -> str:
-    return ",".join(map(str, value)) if isinstance(value, tuple | list) else str(value)
-
-
 @dataclass(frozen=True)
 class ClaimsRun:
     """Every claim of docs/claims.md (or ``config.claims``) at ``config``'s sizes."""
@@ -62,7 +59,7 @@ class ClaimsRun:
             value = getattr(self.config, field)
             if value is None or (option in model_args):
                 continue
-            cmd += [option, _value(value)]
+            cmd += [option, as_option(value)]
         return [*cmd, "--out", out]
 
     def run(
