@@ -51,15 +51,26 @@ class ClaimsRun:
         """The run's inputs: the config's fields."""
         return asdict(self.config)
 
+    def options(self) -> dict[str, Any]:
+        """The run's options by name (``--n-sink``: ``n_sink``), each value as the command line
+        writes it (a tuple comma-separated) and left out where it is None: what :meth:`argv`
+        writes and the report's section shows."""
+        named = {option.removeprefix("--").replace("-", "_"): getattr(self.config, field)
+                 for field, option in OPTIONS.items()}  # fmt: skip
+        return {
+            name: ",".join(map(str, v)) if isinstance(v, tuple) else v
+            for name, v in named.items()
+            if v is not None
+        }
+
     def argv(self, model_args: list[str], out: str) -> list[str]:
         """The ``sinklab claims`` command line that runs exactly this (``model_args``:
         ``--model`` and the loading options, ``--prepend`` among them where given)."""
         cmd = ["sinklab", "claims", *model_args]
-        for field, option in OPTIONS.items():
-            value = getattr(self.config, field)
-            if value is None or (option in model_args):
-                continue
-            cmd += [option, as_option(value)]
+        for name, value in self.options().items():
+            option = "--" + name.replace("_", "-")
+            if option not in model_args:
+                cmd += [option, as_option(value)]
         return [*cmd, "--out", out]
 
     def run(

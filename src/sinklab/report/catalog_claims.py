@@ -21,15 +21,17 @@ ABOUT = (
 )
 
 
-def _params(ctx: StageContext) -> dict[str, Any]:
-    """``sinklab claims``' sizes for the page: its samples are the text experiments' own (the
-    first plays of the default corpus, or windows of the user's text, all of ``tokens`` tokens)
-    and sensitivity's grid and probes are the sensitivity stage's, so a finding that quotes a
-    claim's verdict and this table read the same numbers (docs/claims.md). The stream claim,
-    which no experiment quotes, streams its own longer windows (``sinklab claims``' default
-    length, at most the stream stage's; docs/claims.md#stream-claim-sizes)."""
+def _claims_run(ctx: StageContext) -> Any:
+    """The stage's run: ``sinklab claims`` at the report's sizes. Its samples are the text
+    experiments' own (the first plays of the default corpus, or windows of the user's text, all
+    of ``probe_tokens`` tokens) and sensitivity's grid and probes are the sensitivity stage's, so
+    a finding that quotes a claim's verdict and this table read the same numbers
+    (docs/claims.md). The stream claim, which no experiment quotes, streams its own longer
+    windows (``sinklab claims``' default length, at most the stream stage's, and what a user's
+    text holds; docs/claims.md#stream-claim-sizes)."""
     from sinklab.ablate import AblationConfig
     from sinklab.claims.core import ClaimsConfig
+    from sinklab.claims.run import ClaimsRun
     from sinklab.corpus import DEFAULT_TEXT, play_names
     from sinklab.report.catalog_ablate import ABLATE_FLOOR, GEOMETRY_TEXTS
 
@@ -37,63 +39,37 @@ def _params(ctx: StageContext) -> dict[str, Any]:
     default = ctx.text_spec in (DEFAULT_TEXT, "", None)
     windows = 1 if default else GEOMETRY_TEXTS
     tokens = ctx.cap_tokens(c.ablate_tokens, windows, "ablate_tokens", ABLATE_FLOOR)  # ablate's
-    plays = ",".join(f"{DEFAULT_TEXT}:{n}" for n in play_names()[:GEOMETRY_TEXTS])
-    # a window of `tokens` tokens a sample (the stream claim's: `stream_tokens`, as many as a
-    # user's text holds; too few past eviction and the claim says it was not measured)
+    plays = tuple(f"{DEFAULT_TEXT}:{n}" for n in play_names()[:GEOMETRY_TEXTS])
     asked = min(ClaimsConfig.stream_tokens, c.stream_tokens)
-    streamed = ctx.cap_tokens(asked, windows, "the stream claim's length", floor=8)
-    p: dict[str, Any] = {
-        "texts": plays if default else ctx.text_spec,
-        "windows": windows,
-        "tokens": tokens,
-        "stream_tokens": streamed,
-        "window": min(c.window, 28 if c.quick else 60),
-        "n_sink": c.n_sink,
-        "grid": min(c.sensitivity_grid, tokens),  # the sensitivity stage's
-        "probes": AblationConfig().probes,  # the sensitivity stage's
-        "q0": min(c.q0, tokens - 1),
-        "eps": c.eps,
-        # sink-cheaper (issue 30 item 5): quick T 16-128 at 100 Adam steps per radius (29 CPU s
-        # for 3 seeds, AMD EPYC), full T 16-256 (docs/claims.md#sink-cheaper-sizes)
-        "cost_seeds": 3,
-        "cost_lengths": "16,32,64,128" if c.quick else "16,32,64,128,256",
-        "cost_steps": 100,
-        "lab_size": "quick" if c.quick else "full",
-        "lab_steps": c.lab_steps,
-        "seed": c.seed,
-        "sensitivity_tokens": tokens,
-    }
-    return p
-
-
-def _claims_run(ctx: StageContext) -> Any:
-    """The stage's run: ``sinklab claims`` at the page's sizes (:func:`_params`)."""
-    from sinklab.claims.core import ClaimsConfig
-    from sinklab.claims.run import ClaimsRun
-
-    p = _params(ctx)
     return ClaimsRun(
         ClaimsConfig(
-            texts=tuple(p["texts"].split(",")),
-            windows=p["windows"],
-            probe_tokens=p["tokens"],
-            stream_tokens=p["stream_tokens"],
-            window=p["window"],
-            n_sink=p["n_sink"],
-            grid=p["grid"],
-            probes=p["probes"],
-            sensitivity_tokens=p["sensitivity_tokens"],
-            q0=p["q0"],
-            eps=p["eps"],
-            cost_seeds=p["cost_seeds"],
-            cost_steps=p["cost_steps"],
-            cost_lengths=tuple(int(x) for x in p["cost_lengths"].split(",")),
-            lab_size=p["lab_size"],
-            lab_steps=p["lab_steps"],
-            seed=p["seed"],
+            texts=plays if default else tuple(ctx.text_spec.split(",")),
+            windows=windows,
+            probe_tokens=tokens,
+            sensitivity_tokens=tokens,
+            stream_tokens=ctx.cap_tokens(asked, windows, "the stream claim's length", floor=8),
+            window=min(c.window, 28 if c.quick else 60),
+            n_sink=c.n_sink,
+            grid=min(c.sensitivity_grid, tokens),  # the sensitivity stage's
+            probes=AblationConfig().probes,  # the sensitivity stage's
+            q0=min(c.q0, tokens - 1),
+            eps=c.eps,
+            # sink-cheaper (issue 30 item 5): quick T 16-128 at 100 Adam steps per radius (29 CPU
+            # s for 3 seeds, AMD EPYC), full T 16-256 (docs/claims.md#sink-cheaper-sizes)
+            cost_seeds=3,
+            cost_lengths=(16, 32, 64, 128) if c.quick else (16, 32, 64, 128, 256),
+            cost_steps=100,
+            lab_size="quick" if c.quick else "full",
+            lab_steps=c.lab_steps,
+            seed=c.seed,
             prepend=ctx.prepend,
         )
     )
+
+
+def _params(ctx: StageContext) -> dict[str, Any]:
+    """The section's sizes: the run's options, as its reproduce command writes them."""
+    return {k: v for k, v in _claims_run(ctx).options().items() if k != "prepend"}
 
 
 def _command(ctx: StageContext) -> list[str]:
