@@ -390,8 +390,9 @@ def test_a_refused_temperature_beside_a_stream_leaves_the_stream_alone(client, c
 def test_model_route_and_the_routes_not_served(client, chat_dir, server):
     """GET /v1/models/{id} answers the served model (404 for another); /v1/embeddings answers a
     404 that names the route to use, /v1/responses (served) refuses a field it does not define
-    (legacy ``prompt``) with a 400 naming it; defaults that ask for nothing
-    (parallel_tool_calls false, tool_choice none, store false) are accepted."""
+    (legacy ``prompt``) with a 400 naming it; defaults that ask for nothing (tool_choice none,
+    store false) are accepted, and ``parallel_tool_calls`` without tools is refused with a 400
+    naming it, as OpenAI refuses it (no silent acceptance of a parameter nothing honours)."""
     import httpx
 
     assert client.models.retrieve(str(chat_dir)).id == str(chat_dir)
@@ -405,6 +406,9 @@ def test_model_route_and_the_routes_not_served(client, chat_dir, server):
     resp = httpx.post(server.base + "/responses", json={"model": "m", "prompt": "x"},
                       headers=key, timeout=30)  # fmt: skip
     assert resp.status_code == 400 and resp.json()["error"]["param"] == "prompt", resp.text
-    out = _ask(client, str(chat_dir), "hi", max_tokens=2, parallel_tool_calls=False,
-               tool_choice="none", store=False)  # fmt: skip
+    out = _ask(client, str(chat_dir), "hi", max_tokens=2, tool_choice="none", store=False)
     assert out.choices[0].finish_reason in ("stop", "length")
+    for value in (False, True):
+        with pytest.raises(openai.BadRequestError) as err:
+            _ask(client, str(chat_dir), "hi", max_tokens=2, parallel_tool_calls=value)
+        assert err.value.body["param"] == "parallel_tool_calls", err.value.body

@@ -3,7 +3,7 @@ on a tiny random Qwen2 with Qwen2.5's own tokenizer and chat template, served in
 real engine and app:
 
 - a tool whose parameters use ``$defs`` (pydantic's) is forced like any other, alone or beside
-  another, its arguments checked by hand against the schema; data that looks like a reference
+  another, also under their own ``$id``, its arguments checked by hand against the schema; data that looks like a reference
   (a ``const``) stays as sent;
 - parameters that are not an object, grammar-engine options on any tool, two tools of one name
   and a ``stop`` beside a forced call are precise 400s;
@@ -32,6 +32,9 @@ CITY = {"type": "object", "properties": {"name": {"type": "string", "maxLength":
 BOOK = {"type": "function", "function": {"name": "book", "parameters": {
     "$defs": {"City": CITY}, "type": "object", "properties": {"city": {"$ref": "#/$defs/City"}},
     "required": ["city"], "additionalProperties": False}}}  # fmt: skip
+# a schema with its own base URI: its references resolve against it wherever it is placed
+BOOK_ID = {"type": "function", "function": {"name": "book", "parameters": {
+    **BOOK["function"]["parameters"], "$id": "https://example.com/book.json"}}}  # fmt: skip
 WEATHER = {"type": "function", "function": {"name": "get_weather", "parameters": {
     "type": "object", "properties": {"city": {"type": "string", "maxLength": 8}},
     "required": ["city"], "additionalProperties": False}}}  # fmt: skip
@@ -104,9 +107,10 @@ def _bad(resp, param: str, needle: str) -> None:
     assert err["param"] == param and needle in err["message"], err
 
 
+@pytest.mark.parametrize("book", [BOOK, BOOK_ID], ids=["defs", "defs-under-own-id"])
 @pytest.mark.parametrize("beside", [False, True], ids=["alone", "beside-another"])
-def test_parameters_with_defs_are_forced_like_any_other(client, beside):
-    tools = [WEATHER, BOOK] if beside else [BOOK]  # beside: BOOK's refs under #/anyOf/1
+def test_parameters_with_defs_are_forced_like_any_other(client, beside, book):
+    tools = [WEATHER, book] if beside else [book]  # beside: BOOK's refs under #/anyOf/1
     named = {"type": "function", "function": {"name": "book"}}
     for seed in range(3):
         out = _chat(client, tools=tools, tool_choice=named, max_tokens=80, seed=seed)

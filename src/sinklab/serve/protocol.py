@@ -356,6 +356,14 @@ def parse_request(body: bytes) -> ChatRequest:
             code="invalid_value",
             param="tool_choice",
         )
+    if req.parallel_tool_calls is not None and not req.tools:  # OpenAI's 400 too
+        raise ApiError(
+            400,
+            "parallel_tool_calls: only allowed when tools are given; send no "
+            "parallel_tool_calls without tools",
+            code="invalid_value",
+            param="parallel_tool_calls",
+        )
     if req.stop and req.forced_tools() is not None:
         raise ApiError(
             400,

@@ -162,8 +162,13 @@ def _has_key(node: Any, key: str) -> bool:
 def _rebased(node: Any, base: str) -> Any:
     """``node`` with every local ``$ref`` (``#`` or ``#/...``) pointing under ``base`` instead
     of the root (remote references are left for the compiler to refuse; values under ``const``,
-    ``enum``, ``default`` and ``examples`` are data and stay as they are)."""
+    ``enum``, ``default`` and ``examples`` are data and stay as they are). A schema with its
+    own ``$id`` (not a plain ``#anchor``) is a resource of its own: its local references
+    resolve against it wherever it sits, so it stays as sent."""
     if isinstance(node, dict):
+        own_id = node.get("$id")
+        if isinstance(own_id, str) and own_id and not own_id.startswith("#"):
+            return node
         out: dict[str, Any] = {}
         for k, v in node.items():
             if k == "$ref" and isinstance(v, str) and (v == "#" or v.startswith("#/")):
