@@ -3,8 +3,8 @@ on a tiny random Qwen2 with Qwen2.5's own tokenizer and chat template, served in
 real engine and app:
 
 - a tool whose parameters use ``$defs`` (pydantic's) is forced like any other, alone or beside
-  another, also under their own ``$id``, its arguments checked by hand against the schema; data that looks like a reference
-  (a ``const``) stays as sent;
+  another, also under their own ``$id``, its arguments checked by hand against the schema; data
+  that looks like a reference (a ``const``) stays as sent;
 - parameters that are not an object, grammar-engine options on any tool, two tools of one name
   and a ``stop`` beside a forced call are precise 400s;
 - a forced reply cut by ``max_tokens`` inside its first call has empty content (not the raw

@@ -145,6 +145,7 @@ def test_the_plugin_reads_prompt_chunks_past_the_window_beside_decodes(vllm_py, 
     }
     ours = run_json(vllm_py, STREAM, request)
     assert ours["mixed_steps"] > 0, "no forward had a decode past the window beside a chunk"
+    assert ours["evicted_builds"] > 0 and ours["plans"] == ours["pieces"], ours  # once a forward
     print(f"forwards with a cut decode beside a prompt chunk: {ours['mixed_steps']}")
     for prompt, tokens, logprobs in zip(prompts, ours["tokens"], ours["logprobs"], strict=True):
         where, gaps = sinklab_along(smollm2, prompt, tokens, n_sink, window).check(tokens, logprobs)

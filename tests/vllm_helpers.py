@@ -218,3 +218,5 @@ def stream_check(
     reading = -(-n_sink // block_size) + -(-(window + flight) // block_size) + 1
     assert ours["admission"] == max(bound, reading), (ours["admission"], flight)
     assert ours["max_blocks"] == [bound] * len(prompts), (ours["max_blocks"], bound)
+    # the evicted queries' slots and rotations are planned once a forward, not once a layer
+    assert ours["evicted_builds"] > 0 and ours["plans"] == ours["pieces"], ours

@@ -16,7 +16,9 @@ log-probability], ...], "max_blocks": [per request], "bound": the spec's bound o
 "admission": the manager's admission cap in blocks or null, "in_flight": the spec's in-flight
 tokens or null, "engine_in_flight": the engine configuration's, "spec": class name,
 "seconds": generate's wall time, "mixed_steps": builds (one per layer group and forward) where a
-decode past the window sat beside a prompt chunk}``."""
+decode past the window sat beside a prompt chunk, "evicted_builds": builds with a query past the
+window, "pieces": the ``QUERIES_AT_ONCE`` pieces their evicted queries make, "plans": the
+plugin's ``plan_evicted`` calls (one a piece, not one a layer)}``."""
 
 from __future__ import annotations
 
@@ -81,7 +83,9 @@ def main() -> None:
         return out
 
     FullAttentionManager.allocate_new_blocks = allocate_new_blocks
-    mixed = {"steps": 0}  # forwards with a cut decode beside a prompt chunk (a read, no change)
+    # forwards with a cut decode beside a prompt chunk, with a query past the window, and the
+    # plans of evicted queries those need and get (reads, no change)
+    mixed = {"steps": 0, "evicted_builds": 0, "pieces": 0, "plans": 0}
     if req["n_sink"] is not None:
         from sinklab_vllm.backend import SinkCPUAttentionMetadataBuilder
 
@@ -92,9 +96,22 @@ def main() -> None:
             q_lens = common.query_start_loc[1:] - common.query_start_loc[:-1]
             cut = (q_lens == 1) & (common.seq_lens > capacity + 1)
             mixed["steps"] += int(bool(cut.any()) and bool((q_lens > 1).any()))
+            # queries at positions capacity + 1 .. seq_len - 1 are past the window
+            evicted = int((common.seq_lens - capacity - 1).clamp(min=0).minimum(q_lens).sum())
+            mixed["evicted_builds"] += int(evicted > 0)
+            mixed["pieces"] += -(-evicted // backend.QUERIES_AT_ONCE)
             return build(self, common_prefix_len, common, fast_build)
 
         SinkCPUAttentionMetadataBuilder.build = counting_build
+        import sinklab_vllm.backend as backend
+
+        plan = backend.plan_evicted
+
+        def counting_plan(*args, **kwargs):
+            mixed["plans"] += 1
+            return plan(*args, **kwargs)
+
+        backend.plan_evicted = counting_plan
     plain = req["n_sink"] is None  # the plugin off: vLLM as it is, the test's control
     sink = None if plain else {"n_sink": int(req["n_sink"]), "window": int(req["window"])}
     llm = LLM(
@@ -139,6 +156,9 @@ def main() -> None:
         "engine_in_flight": llm.llm_engine.vllm_config.max_in_flight_tokens,
         "seconds": seconds,
         "mixed_steps": mixed["steps"],
+        "evicted_builds": mixed["evicted_builds"],
+        "pieces": mixed["pieces"],
+        "plans": mixed["plans"],
     }
     print("SINKLAB-RESULT " + json.dumps(result), flush=True)
 

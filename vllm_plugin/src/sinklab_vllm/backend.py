@@ -17,8 +17,10 @@ backend: the subclass adds nothing to a forward. With ``additional_config["sinkl
   output is replaced). Then every query past that point (decode or a long prompt's chunk) is
   recomputed over exactly its kept slots (sinks moved next to the window, the window as
   cached), the layer's such queries in one gather and one batched softmax per
-  ``QUERIES_AT_ONCE`` (:func:`sinklab_vllm.attention.sink_attention_many`), and its output row
-  is overwritten. Freed blocks (vLLM's ``null_block``) and the evicted tails of held
+  ``QUERIES_AT_ONCE`` (:func:`sinklab_vllm.attention.attend_evicted`), and its output row
+  is overwritten. Where those slots sit and how the sinks turn is the same in every layer: the
+  first layer of a forward plans it (:func:`sinklab_vllm.attention.plan_evicted`) and the
+  others reuse the plan. Freed blocks (vLLM's ``null_block``) and the evicted tails of held
   blocks are never read by that path.
 
 vLLM's slot mapping and lengths keep the stream index. RoPE positions are the stream index
@@ -41,7 +43,7 @@ from vllm.v1.attention.backends.cpu_attn import (
 )
 from vllm.v1.kv_cache_interface import FullAttentionSpec
 
-from sinklab_vllm.attention import rotated_at, sink_attention_many
+from sinklab_vllm.attention import attend_evicted, plan_evicted, rotated_at
 from sinklab_vllm.blocks import SinkWindowSpec
 from sinklab_vllm.options import SinkOptions, options_of
 from sinklab_vllm.rotary import KeyMover, mover_of
@@ -170,8 +172,60 @@ class SinkCPUAttentionImpl(CPUAttentionBackendImpl):
         self.rope: Any = None
         if self.sink_options is not None:
             self.rope, self.max_position = _model_rope()
-            self.mover = mover_of(self.rope)
+            # one mover a rotary object (vLLM shares it between layers): a forward's plan, keyed
+            # by its mover, then serves every layer
+            self.mover = getattr(self.rope, "_sinklab_mover", None) or mover_of(self.rope)
+            self.rope._sinklab_mover = self.mover
             _rebase_positions(self.rope, self.sink_options.capacity, self.max_position)
+
+    def _plan(self, attn_metadata: Any, kv_cache: torch.Tensor) -> list[tuple[torch.Tensor, Any]]:
+        """This forward's queries past the window, ``QUERIES_AT_ONCE`` at a time: each piece's
+        output rows and its :class:`~sinklab_vllm.attention.EvictedPlan`. Built by the first
+        layer that reads ``attn_metadata`` and kept on it: vLLM hands one metadata object to
+        every layer of a KV-cache group, and the slots and the sinks' rotations are the same
+        in each, so a decode step plans once instead of once a layer."""
+        options, mover = self.sink_options, self.mover
+        block_size = kv_cache.shape[2]
+        key = (id(mover), kv_cache.dtype, block_size, options.n_sink, options.window)
+        cached = getattr(attn_metadata, "sink_plan", None)
+        if cached is not None and cached[0] == key:
+            return cached[1]
+        limit = options.capacity  # a query at s <= n_sink + window sees everything before it
+        seq_lens = getattr(attn_metadata, "sink_seq_lens", attn_metadata.seq_lens).tolist()
+        pieces: list[tuple[torch.Tensor, Any]] = []
+        if max(seq_lens, default=0) > limit + 1:
+            qsl = attn_metadata.query_start_loc.tolist()
+            index, where, request = [], [], []  # each evicted query: its row, position, request
+            for r, seq_len in enumerate(seq_lens):
+                start, end = qsl[r], qsl[r + 1]
+                first = seq_len - (end - start)  # stream position of the request's first query
+                for i in range(max(start, start + limit + 1 - first), end):
+                    index.append(i)
+                    where.append(first + (i - start))
+                    request.append(r)
+            if where and max(where) >= self.max_position and not self.rope._sinklab_calls:
+                # the model rotated with another rotary object than the one hooked: past the
+                # table its positions would be wrong, so stop rather than answer wrongly
+                raise RuntimeError(
+                    "sinklab: the rebase hook is not on this model's rotary embedding; positions "
+                    f"past {self.max_position} cannot be run exactly (docs/vllm.md#positions)"
+                )
+            for at in range(0, len(index), QUERIES_AT_ONCE):  # bounds the gathered keys' memory
+                reqs = torch.tensor(request[at : at + QUERIES_AT_ONCE], dtype=torch.long)
+                plan = plan_evicted(
+                    attn_metadata.block_table[reqs],
+                    torch.tensor(where[at : at + QUERIES_AT_ONCE], dtype=torch.long),
+                    options.n_sink,
+                    options.window,
+                    mover,
+                    block_size,
+                    kv_cache.dtype,
+                    self.max_position,
+                )
+                idx = torch.tensor(index[at : at + QUERIES_AT_ONCE], dtype=torch.long)
+                pieces.append((idx, plan))
+        attn_metadata.sink_plan = (key, pieces)
+        return pieces
 
     def forward(
         self,
@@ -199,41 +253,12 @@ class SinkCPUAttentionImpl(CPUAttentionBackendImpl):
         options = self.sink_options
         if options is None or attn_metadata is None or self.mover is None:
             return out
-        limit = options.capacity  # a query at s <= n_sink + window sees everything before it
-        seq_lens = getattr(attn_metadata, "sink_seq_lens", attn_metadata.seq_lens).tolist()
-        if max(seq_lens, default=0) <= limit + 1:
+        pieces = self._plan(attn_metadata, kv_cache)
+        if not pieces:
             return out
-        qsl = attn_metadata.query_start_loc.tolist()
-        index, where, request = [], [], []  # each evicted query: its row, position, request
-        for r, seq_len in enumerate(seq_lens):
-            start, end = qsl[r], qsl[r + 1]
-            first = seq_len - (end - start)  # stream position of the request's first query here
-            for i in range(max(start, start + limit + 1 - first), end):
-                index.append(i)
-                where.append(first + (i - start))
-                request.append(r)
-        if max(where) >= self.max_position and not self.rope._sinklab_calls:
-            # the model rotated with another rotary object than the one hooked: past the table
-            # its positions would be wrong, so stop rather than answer wrongly
-            raise RuntimeError(
-                "sinklab: the rebase hook is not on this model's rotary embedding; positions past "
-                f"{self.max_position} cannot be run exactly (docs/vllm.md#positions)"
-            )
         rows = output[: attn_metadata.num_actual_tokens].view(-1, self.num_heads, self.head_size)
-        for at in range(0, len(index), QUERIES_AT_ONCE):  # bounds the gathered keys' memory
-            idx = torch.tensor(index[at : at + QUERIES_AT_ONCE], dtype=torch.long)
-            reqs = torch.tensor(request[at : at + QUERIES_AT_ONCE], dtype=torch.long)
-            rows[idx] = sink_attention_many(
-                query[idx],
-                kv_cache,
-                attn_metadata.block_table[reqs],
-                torch.tensor(where[at : at + QUERIES_AT_ONCE], dtype=torch.long),
-                options.n_sink,
-                options.window,
-                self.mover,
-                self.scale,
-                self.max_position,
-            )
+        for idx, plan in pieces:
+            rows[idx] = attend_evicted(query[idx], kv_cache, plan, self.mover, self.scale)
         return out
 
 

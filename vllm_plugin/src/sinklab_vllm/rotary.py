@@ -61,7 +61,11 @@ class KeyMover:
                 f"{tuple(keys.shape)} and {tuple(delta.shape)}"
             )
         cos, sin = self.cos_sin(delta.to(keys.device), keys.dtype)
-        cos, sin = cos[:, None, :], sin[:, None, :]
+        return self.turn(keys, cos[:, None, :], sin[:, None, :])
+
+    def turn(self, keys: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+        """``keys`` rotated by precomputed :meth:`cos_sin` (broadcast over the heads): the
+        arithmetic of :meth:`move`, for a rotation computed once and applied in every layer."""
         return keys * cos + self.rotate_half(keys) * sin
 
 
