@@ -110,7 +110,7 @@ def _bad(resp, param: str, needle: str) -> None:
 @pytest.mark.parametrize("book", [BOOK, BOOK_ID], ids=["defs", "defs-under-own-id"])
 @pytest.mark.parametrize("beside", [False, True], ids=["alone", "beside-another"])
 def test_parameters_with_defs_are_forced_like_any_other(client, beside, book):
-    tools = [WEATHER, book] if beside else [book]  # beside: BOOK's refs under #/anyOf/1
+    tools = [WEATHER, book] if beside else [book]  # the named tool is forced alone
     named = {"type": "function", "function": {"name": "book"}}
     for seed in range(3):
         out = _chat(client, tools=tools, tool_choice=named, max_tokens=80, seed=seed)

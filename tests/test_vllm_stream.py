@@ -116,6 +116,48 @@ def test_the_plugin_rebases_positions_past_the_models_table_exactly(vllm_py, smo
 
 
 @pytest.mark.integration
+def test_a_preempted_stream_resumes_exactly(vllm_py, smollm2):
+    """Preemption: two streams (4 + 60 kept, blocks of 32: 4 blocks each once decoding) in a pool
+    of 8 blocks (7 usable) cannot both grow, so vLLM preempts one, frees its blocks and, once
+    the other is done, recomputes its prompt and tokens so far as a prompt, in chunks of 64
+    tokens, most of them past the window. The plugin attends each such token over its sinks and
+    window, as its decode step had, so the resumed stream goes on as sinklab's: every token and
+    every step's log-probability, for both requests (docs/vllm.md#wiring)."""
+    from sinklab.corpus import load_text, token_stream
+    from sinklab.models.zoo import ZOO, dequantized_dir
+
+    n_sink, window, new = 4, 60, 200
+    folder = dequantized_dir(ZOO[smollm2.info.name], smollm2.info.weights_sha256)
+    ids = token_stream(load_text(), smollm2.tokenizer, 300).tolist()
+    prompts = [ids[:37], ids[100:140]]  # both fit the cache: read at once, as generate does
+    request = {
+        "model": str(folder),
+        "prompts": prompts,
+        "max_tokens": new,
+        "n_sink": n_sink,
+        "window": window,
+        "block_size": 32,
+        "max_model_len": 1024,
+        "engine": {"num_gpu_blocks_override": 8, "max_num_batched_tokens": 64, "max_num_seqs": 2},
+    }
+    ours = run_json(vllm_py, STREAM, request)
+    assert sum(ours["preempted"]) > 0, f"no request was preempted: {ours['preempted']}"
+    # a resume re-read tokens past the window: the plugin's path, not only vLLM's kernel
+    assert max(ours["preempted_at"]) > n_sink + window + 1, ours["preempted_at"]
+    rows = zip(prompts, ours["tokens"], ours["logprobs"], ours["preempted"], ours["preempted_at"],
+               strict=True)  # fmt: skip
+    for prompt, tokens, logprobs, times, at in rows:
+        where, gaps = sinklab_along(smollm2, prompt, tokens, n_sink, window).check(tokens, logprobs)
+        print(
+            f"preempted {times}x (at most at {at} tokens), prompt {len(prompt)}: sinklab chooses "
+            f"the plugin's token on "
+            f"{where}/{new} steps, log-probabilities within {max(gaps):.1e}"
+        )
+        assert where == new, f"sinklab chooses differently from step {where}"
+        assert max(gaps) < LOGPROB_TOL, max(gaps)
+
+
+@pytest.mark.integration
 def test_the_plugin_reads_prompt_chunks_past_the_window_beside_decodes(vllm_py, smollm2):
     """Chunked prefill at its hardest for the plugin (the reviewer's case): 4 + 28 kept, blocks of
     32, at most 32 tokens a step, so a 900-token prompt is read in chunks that start past the

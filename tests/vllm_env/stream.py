@@ -18,7 +18,8 @@ tokens or null, "engine_in_flight": the engine configuration's, "spec": class na
 "seconds": generate's wall time, "mixed_steps": builds (one per layer group and forward) where a
 decode past the window sat beside a prompt chunk, "evicted_builds": builds with a query past the
 window, "pieces": the ``QUERIES_AT_ONCE`` pieces their evicted queries make, "plans": the
-plugin's ``plan_evicted`` calls (one a piece, not one a layer)}``."""
+plugin's ``plan_evicted`` calls (one a piece, not one a layer), "preempted": per request, how
+many times the scheduler preempted it, "preempted_at": the most tokens it had then (0: never)}``."""
 
 from __future__ import annotations
 
@@ -55,10 +56,16 @@ def _scored(output) -> list[float | None]:
     ]
 
 
+def _is(scheduler_id: str, request_id: str) -> bool:
+    """Whether a scheduler's request id is the front end's ``request_id`` (the engine core may
+    suffix it)."""
+    return scheduler_id == request_id or scheduler_id.startswith(request_id + "-")
+
+
 def _held_by(held: dict[str, int], request_id: str) -> int:
     """The most blocks the scheduler's request behind an output held (the engine core may suffix
     the front end's id)."""
-    found = [n for rid, n in held.items() if rid == request_id or rid.startswith(request_id + "-")]
+    found = [n for rid, n in held.items() if _is(rid, request_id)]
     if len(found) != 1:
         raise SystemExit(f"no single scheduler request for {request_id!r} in {sorted(held)}")
     return found[0]
@@ -83,6 +90,17 @@ def main() -> None:
         return out
 
     FullAttentionManager.allocate_new_blocks = allocate_new_blocks
+    from vllm.v1.core.sched.scheduler import Scheduler
+
+    # each preemption: the request and its tokens then (all read again, as a prompt, to resume)
+    preempted: list[tuple[str, int]] = []
+    preempt = Scheduler._preempt_request
+
+    def counting_preempt(self, request, *args, **kwargs):
+        preempted.append((request.request_id, int(request.num_tokens)))
+        return preempt(self, request, *args, **kwargs)
+
+    Scheduler._preempt_request = counting_preempt
     # forwards with a cut decode beside a prompt chunk, with a query past the window, and the
     # plans of evicted queries those need and get (reads, no change)
     mixed = {"steps": 0, "evicted_builds": 0, "pieces": 0, "plans": 0}
@@ -159,6 +177,10 @@ def main() -> None:
         "evicted_builds": mixed["evicted_builds"],
         "pieces": mixed["pieces"],
         "plans": mixed["plans"],
+        "preempted": [sum(_is(rid, o.request_id) for rid, _ in preempted) for o in outs],
+        "preempted_at": [
+            max([n for rid, n in preempted if _is(rid, o.request_id)], default=0) for o in outs
+        ],
     }
     print("SINKLAB-RESULT " + json.dumps(result), flush=True)
 

@@ -28,7 +28,7 @@ import torch
 
 from sinklab.serve.protocol import ApiError
 from sinklab.serve.sampling import TurnFailed
-from sinklab.serve.tools import call_schema
+from sinklab.serve.tools import call_schema, declared_ids
 
 ANY_OBJECT: dict[str, Any] = {"type": "object"}  # json_object: any JSON object
 # Between two JSON tokens, at most 16 spaces, newlines or tabs: room for indented output, and a
@@ -159,6 +159,24 @@ class Formats:
         tool's parameters this server cannot enforce are a 400 naming them."""
         from llguidance import LLMatcher
 
+        seen: dict[str, str] = {}  # one grammar embeds every tool: a base URI names one schema
+        for tool in tools:
+            name = tool["function"]["name"]
+            for uri in sorted(declared_ids(tool["function"].get("parameters") or {})):
+                if uri.startswith("#"):  # draft-07's anchor form, which the compiler refuses
+                    raise _bad(
+                        f"the parameters of {name!r} declare $id {uri!r}, an anchor in draft-07's "
+                        "form, which this server's grammar engine (JSON Schema 2020-12) does not "
+                        f"take; write it as $anchor {uri[1:]!r}",
+                        "tools",
+                    )
+                if uri in seen:
+                    raise _bad(
+                        f"the parameters of {seen[uri]!r} and {name!r} both declare $id {uri!r}; "
+                        "give each tool's schema its own $id, or none",
+                        "tools",
+                    )
+                seen[uri] = name
         if len(tools) == 1:
             body = call_schema(tools[0])
         else:

@@ -159,15 +159,42 @@ def _has_key(node: Any, key: str) -> bool:
     return False
 
 
+def _own_id(node: Any) -> str | None:
+    """The base URI a schema node declares (JSON Schema 2020-12, as the grammar compiler reads
+    it), or ``None``: a ``$id`` that is a plain ``#anchor`` (draft-07's form) names no
+    resource."""
+    own = node.get("$id") if isinstance(node, dict) else None
+    return own if isinstance(own, str) and own and not own.startswith("#") else None
+
+
+def declared_ids(node: Any) -> set[str]:
+    """Every ``$id`` declared in the schema ``node`` (not inside data), base URIs and
+    ``#anchor`` forms alike."""
+    found: set[str] = set()
+    if isinstance(node, list):
+        for v in node:
+            found |= declared_ids(v)
+    elif isinstance(node, dict):
+        if isinstance(node.get("$id"), str):
+            found.add(node["$id"])
+        for k, v in node.items():
+            if k in _NAMED and isinstance(v, dict):
+                for s in v.values():
+                    found |= declared_ids(s)
+            elif k not in _DATA:
+                found |= declared_ids(v)
+    return found
+
+
 def _rebased(node: Any, base: str) -> Any:
     """``node`` with every local ``$ref`` (``#`` or ``#/...``) pointing under ``base`` instead
-    of the root (remote references are left for the compiler to refuse; values under ``const``,
+    of the root (references by URI are left to the compiler, which resolves an embedded ``$id``
+    and refuses a remote one; values under ``const``,
     ``enum``, ``default`` and ``examples`` are data and stay as they are). A schema with its
     own ``$id`` (not a plain ``#anchor``) is a resource of its own: its local references
     resolve against it wherever it sits, so it stays as sent."""
     if isinstance(node, dict):
-        own_id = node.get("$id")
-        if isinstance(own_id, str) and own_id and not own_id.startswith("#"):
+        if _own_id(node) is not None:
             return node
         out: dict[str, Any] = {}
         for k, v in node.items():

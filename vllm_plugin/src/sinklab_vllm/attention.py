@@ -105,7 +105,7 @@ def plan_evicted(
     StreamingLLM distance."""
     capacity = n_sink + window
     if bool((positions <= capacity).any()):
-        raise ValueError("sink_attention_many takes only queries past the window")
+        raise ValueError("plan_evicted takes only queries past the window")
     sinks = torch.arange(n_sink, device=positions.device)
     recent = torch.arange(-window, 1, device=positions.device)  # the window, then the query
     slots = torch.cat(  # (Q, K) stream positions

@@ -9,7 +9,7 @@ backend: the subclass adds nothing to a forward. With ``additional_config["sinkl
   :class:`sinklab_vllm.blocks.SinkWindowSpec`, so the scheduler's
   :class:`~sinklab_vllm.blocks.SinkWindowManager` frees whole blocks as they fall out of the window
   and vLLM's start-up check sees the bounded footprint of a decoding request (a long prompt's
-  chunk holds its own blocks until the next step; admission is not capped, docs/vllm.md#wiring);
+  chunk holds its own blocks until the next step, which admission counts, docs/vllm.md#wiring);
 * each forward first runs vLLM's own kernel for the whole batch: every query whose position
   ``s`` is at most ``n_sink + window`` sees everything before it, which is what StreamingLLM
   attends to then, so those outputs are vLLM's unchanged (a decode request past the window is
@@ -186,10 +186,10 @@ class SinkCPUAttentionImpl(CPUAttentionBackendImpl):
         in each, so a decode step plans once instead of once a layer."""
         options, mover = self.sink_options, self.mover
         block_size = kv_cache.shape[2]
-        key = (id(mover), kv_cache.dtype, block_size, options.n_sink, options.window)
-        cached = getattr(attn_metadata, "sink_plan", None)
-        if cached is not None and cached[0] == key:
-            return cached[1]
+        key = (kv_cache.dtype, block_size, int(attn_metadata.num_actual_tokens))
+        cached = getattr(attn_metadata, "sink_plan", None)  # (mover, key, pieces)
+        if cached is not None and cached[0] is mover and cached[1] == key:
+            return cached[2]
         limit = options.capacity  # a query at s <= n_sink + window sees everything before it
         seq_lens = getattr(attn_metadata, "sink_seq_lens", attn_metadata.seq_lens).tolist()
         pieces: list[tuple[torch.Tensor, Any]] = []
@@ -210,7 +210,9 @@ class SinkCPUAttentionImpl(CPUAttentionBackendImpl):
                     "sinklab: the rebase hook is not on this model's rotary embedding; positions "
                     f"past {self.max_position} cannot be run exactly (docs/vllm.md#positions)"
                 )
-            for at in range(0, len(index), QUERIES_AT_ONCE):  # bounds the gathered keys' memory
+            # pieces bound each layer's gathered keys; the plans (int64 slots, cos/sin) live for
+            # the forward, about 25 MB at 4,096 evicted queries with 4 + 252
+            for at in range(0, len(index), QUERIES_AT_ONCE):
                 reqs = torch.tensor(request[at : at + QUERIES_AT_ONCE], dtype=torch.long)
                 plan = plan_evicted(
                     attn_metadata.block_table[reqs],
@@ -224,7 +226,7 @@ class SinkCPUAttentionImpl(CPUAttentionBackendImpl):
                 )
                 idx = torch.tensor(index[at : at + QUERIES_AT_ONCE], dtype=torch.long)
                 pieces.append((idx, plan))
-        attn_metadata.sink_plan = (key, pieces)
+        attn_metadata.sink_plan = (mover, key, pieces)
         return pieces
 
     def forward(

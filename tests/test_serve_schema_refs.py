@@ -1,0 +1,111 @@
+"""A forced call's grammar keeps what each tool's schema references (the review of cd66fc3):
+the calls' grammar embeds every tool's ``parameters`` under ``#/properties/arguments`` (or
+``#/anyOf/i/...`` beside other tools), so local ``$ref``s are rebased, except inside a schema
+with its own ``$id`` (a resource whose references resolve against it); an ``$anchor`` declares
+no base; a draft-07 ``#anchor`` ``$id`` (which the compiler refuses) and two tools declaring one
+``$id`` are each a 400 ``tools`` that says why. Each case is
+compiled by the server's own :class:`~sinklab.serve.grammar.Formats` (llguidance) and driven
+with SmolLM2's tokenizer: a call the schema allows is accepted whole, one it forbids is not."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from sinklab.serve.protocol import ApiError
+
+CITY = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 8}},
+        "required": ["name"], "additionalProperties": False}  # fmt: skip
+GOOD = {"city": {"name": "Oslo"}}
+BAD = {"city": {"name": "far too long a name"}}  # the referenced schema's maxLength
+
+
+def _tool(name: str, parameters: dict) -> dict:
+    return {"type": "function", "function": {"name": name, "parameters": parameters}}
+
+
+def _book(**extra) -> dict:
+    return _tool("book", {"$defs": {"City": CITY}, "type": "object", **extra,
+                          "properties": {"city": {"$ref": "#/$defs/City"}},
+                          "required": ["city"], "additionalProperties": False})  # fmt: skip
+
+
+OTHER = _tool("count", {"type": "object", "properties": {"n": {"type": "integer"}},
+                        "required": ["n"], "additionalProperties": False})  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def formats():
+    from transformers import AutoTokenizer
+
+    from sinklab.models.zoo import ZOO, dequantized_dir, is_ready
+    from sinklab.serve.grammar import Formats
+
+    folder = dequantized_dir(ZOO["smollm2-135m"])
+    if not is_ready(folder):
+        pytest.fail("smollm2-135m is not installed: run `sinklab models install smollm2-135m`")
+    tok = AutoTokenizer.from_pretrained(folder)
+    return Formats(tok, len(tok), [tok.eos_token_id])
+
+
+def _accepts(formats, fmt, name: str, arguments: dict) -> bool:
+    """Whether the compiled calls' grammar takes this call whole."""
+    from llguidance import LLMatcher
+
+    text = json.dumps({"name": name, "arguments": arguments})
+    ids = formats.tokenizer.encode(text, add_special_tokens=False)
+    matcher = LLMatcher(formats._llg(), fmt.grammar, log_level=0)
+    if matcher.validate_tokens(ids) < len(ids):
+        return False
+    matcher.consume_tokens(ids)
+    return matcher.is_accepting()
+
+
+CASES = {
+    "defs": _book(),
+    "defs-under-own-id": _book(**{"$id": "https://example.com/book.json"}),
+    "relative-id": _book(**{"$id": "book.json"}),
+    "anchor": _book(**{"$anchor": "book"}),  # 2020-12's anchor: no base of its own, rebased
+}
+
+
+@pytest.mark.parametrize("beside", [False, True], ids=["alone", "beside-another"])
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_references_resolve_where_the_parameters_sit(formats, case, beside):
+    tools = [OTHER, CASES[case]] if beside else [CASES[case]]  # beside: under #/anyOf/1
+    fmt = formats.tool_calls(tools, None, parallel=False)
+    assert _accepts(formats, fmt, "book", GOOD)
+    assert not _accepts(formats, fmt, "book", BAD)  # the referenced schema is enforced
+    assert _accepts(formats, fmt, "count", {"n": 3}) == beside
+
+
+def test_a_nested_id_and_a_pointer_into_it(formats):
+    """A property's schema with its own ``$id`` keeps its local reference; a reference from
+    outside into it by JSON pointer is rebased with the rest and still lands on it."""
+    inner = {"$id": "https://example.com/city.json", "$defs": {"Name": CITY["properties"]["name"]},
+             "type": "object", "properties": {"name": {"$ref": "#/$defs/Name"}},
+             "required": ["name"], "additionalProperties": False}  # fmt: skip
+    tool = _tool("book", {"type": "object", "additionalProperties": False,
+                          "properties": {"city": inner, "home": {"$ref": "#/properties/city"}},
+                          "required": ["city", "home"]})  # fmt: skip
+    fmt = formats.tool_calls([OTHER, tool], None, parallel=False)
+    assert _accepts(formats, fmt, "book", GOOD | {"home": {"name": "Bergen"}})
+    assert not _accepts(formats, fmt, "book", GOOD | {"home": {"name": "far too long a name"}})
+    assert not _accepts(formats, fmt, "book", BAD | {"home": {"name": "Bergen"}})
+
+
+def test_two_tools_declaring_one_id_are_a_400(formats):
+    same = {"$id": "https://example.com/args.json"}
+    a, b = _book(**same), _tool("count", {**OTHER["function"]["parameters"], **same})
+    with pytest.raises(ApiError) as err:
+        formats.tool_calls([a, b], None, parallel=False)
+    assert err.value.status == 400 and err.value.param == "tools", err.value
+    assert "https://example.com/args.json" in err.value.message, err.value
+    formats.tool_calls([a], None, parallel=False)  # alone it is one resource: compiled
+
+
+def test_a_draft_07_anchor_id_is_a_400_naming_it(formats):
+    with pytest.raises(ApiError) as err:
+        formats.tool_calls([_book(**{"$id": "#book"})], None, parallel=False)
+    assert err.value.param == "tools" and "$anchor 'book'" in err.value.message, err.value
