@@ -14,12 +14,11 @@ from torch import Tensor
 
 from vllm_helpers import (
     LOGPROB_TOL,
-    STREAM,
     first_difference,
     logprob_gaps,
-    run_json,
     sinklab_along,
     stream_check,
+    stream_run,
     vllm_env,
 )
 
@@ -41,22 +40,11 @@ def test_the_plugin_reads_a_long_prompt_as_sinklab_reads_it_token_by_token(vllm_
     reading (pieces fitted into the cache, docs/vllm.md#wiring) the numbers differ, which the
     test shows too, so it can tell the two apart."""
     from sinklab.corpus import load_text, token_stream
-    from sinklab.models.zoo import ZOO, dequantized_dir
     from sinklab.stream.generation import GenerateConfig, generate
 
     n_sink, window, new = 4, 124, 48
-    folder = dequantized_dir(ZOO[smollm2.info.name], smollm2.info.weights_sha256)
     prompt = token_stream(load_text(), smollm2.tokenizer, 400).tolist()[:384]
-    request = {
-        "model": str(folder),
-        "prompts": [prompt],
-        "max_tokens": new,
-        "n_sink": n_sink,
-        "window": window,
-        "block_size": 32,
-        "max_model_len": 1024,
-    }
-    ours = run_json(vllm_py, STREAM, request)
+    ours = stream_run(vllm_py, smollm2, [prompt], new, n_sink, window)
 
     tokens, logprobs = ours["tokens"][0], ours["logprobs"][0]
     where, gaps = sinklab_along(smollm2, prompt, tokens, n_sink, window).check(tokens, logprobs)
@@ -85,23 +73,20 @@ def test_the_plugin_rebases_positions_past_the_models_table_exactly(vllm_py, smo
     (whose cache positions never pass n_sink + window). Without the rebase a position past 192
     would index past vLLM's table."""
     from sinklab.corpus import load_text, token_stream
-    from sinklab.models.zoo import ZOO, dequantized_dir
 
     n_sink, window, new, table = 4, 60, 600, 192
-    folder = dequantized_dir(ZOO[smollm2.info.name], smollm2.info.weights_sha256)
     prompt = token_stream(load_text(), smollm2.tokenizer, 100).tolist()[:37]
-    request = {
-        "model": str(folder),
-        "prompts": [prompt],
-        "max_tokens": new,
-        "n_sink": n_sink,
-        "window": window,
-        "block_size": 32,
-        "max_model_len": 2048,
-        "hf_overrides": {"max_position_embeddings": table},
-        "env": {"VLLM_ALLOW_LONG_MAX_MODEL_LEN": "1"},
-    }
-    ours = run_json(vllm_py, STREAM, request)
+    ours = stream_run(
+        vllm_py,
+        smollm2,
+        [prompt],
+        new,
+        n_sink,
+        window,
+        max_model_len=2048,
+        hf_overrides={"max_position_embeddings": table},
+        env={"VLLM_ALLOW_LONG_MAX_MODEL_LEN": "1"},
+    )
     tokens = ours["tokens"][0]
     wraps = (len(prompt) + new - table) // (table - n_sink - window) + 1
     ref = sinklab_along(smollm2, prompt, tokens, n_sink, window)
@@ -124,23 +109,19 @@ def test_a_preempted_stream_resumes_exactly(vllm_py, smollm2):
     window, as its decode step had, so the resumed stream goes on as sinklab's: every token and
     every step's log-probability, for both requests (docs/vllm.md#wiring)."""
     from sinklab.corpus import load_text, token_stream
-    from sinklab.models.zoo import ZOO, dequantized_dir
 
     n_sink, window, new = 4, 60, 200
-    folder = dequantized_dir(ZOO[smollm2.info.name], smollm2.info.weights_sha256)
     ids = token_stream(load_text(), smollm2.tokenizer, 300).tolist()
     prompts = [ids[:37], ids[100:140]]  # both fit the cache: read at once, as generate does
-    request = {
-        "model": str(folder),
-        "prompts": prompts,
-        "max_tokens": new,
-        "n_sink": n_sink,
-        "window": window,
-        "block_size": 32,
-        "max_model_len": 1024,
-        "engine": {"num_gpu_blocks_override": 8, "max_num_batched_tokens": 64, "max_num_seqs": 2},
-    }
-    ours = run_json(vllm_py, STREAM, request)
+    ours = stream_run(
+        vllm_py,
+        smollm2,
+        prompts,
+        new,
+        n_sink,
+        window,
+        engine={"num_gpu_blocks_override": 8, "max_num_batched_tokens": 64, "max_num_seqs": 2},
+    )
     assert sum(ours["preempted"]) > 0, f"no request was preempted: {ours['preempted']}"
     # a resume re-read tokens past the window: the plugin's path, not only vLLM's kernel
     assert max(ours["preempted_at"]) > n_sink + window + 1, ours["preempted_at"]
@@ -166,26 +147,22 @@ def test_the_plugin_reads_prompt_chunks_past_the_window_beside_decodes(vllm_py, 
     chooses, in tokens and log-probabilities; the short one also equals ``generate`` itself
     (72 forwards: the direct check beside the teacher-forced ones, docs/vllm.md#wiring-tests)."""
     from sinklab.corpus import load_text, token_stream
-    from sinklab.models.zoo import ZOO, dequantized_dir
     from sinklab.stream.generation import GenerateConfig, generate
 
     n_sink, window, new = 4, 28, 64
-    folder = dequantized_dir(ZOO[smollm2.info.name], smollm2.info.weights_sha256)
     ids = token_stream(load_text(), smollm2.tokenizer, 1100).tolist()
     # 31 prompt tokens a step beside the short request's decode: the long prompt is still being
     # read (about 29 steps) when the short request passes the window (after 25 decode steps)
     prompts = [ids[:8], ids[100:1000]]
-    request = {
-        "model": str(folder),
-        "prompts": prompts,
-        "max_tokens": new,
-        "n_sink": n_sink,
-        "window": window,
-        "block_size": 32,
-        "max_model_len": 1024,
-        "engine": {"max_num_batched_tokens": 32, "max_num_seqs": 2},
-    }
-    ours = run_json(vllm_py, STREAM, request)
+    ours = stream_run(
+        vllm_py,
+        smollm2,
+        prompts,
+        new,
+        n_sink,
+        window,
+        engine={"max_num_batched_tokens": 32, "max_num_seqs": 2},
+    )
     assert ours["mixed_steps"] > 0, "no forward had a decode past the window beside a chunk"
     assert ours["evicted_builds"] > 0 and ours["plans"] == ours["pieces"], ours  # once a forward
     print(f"forwards with a cut decode beside a prompt chunk: {ours['mixed_steps']}")

@@ -82,6 +82,30 @@ def first_difference(a: list[int], b: list[int]) -> int:
 STREAM = VLLM_ENV / "stream.py"
 
 
+def stream_run(
+    python: Path,
+    loaded,
+    prompts: list[list[int]],
+    max_tokens: int,
+    n_sink: int | None,
+    window: int | None,
+    *,
+    block_size: int = 32,
+    max_model_len: int = 1024,
+    **extra: object,
+) -> dict:
+    """``tests/vllm_env/stream.py`` on ``loaded``'s cached float32 folder: the plugin with
+    ``n_sink`` + ``window`` (``None``: off), greedy, ``max_tokens`` new tokens for each prompt
+    in one batch; ``extra`` are the script's other fields (``engine``, ``env``, ``score``...)."""
+    from sinklab.models.zoo import ZOO, dequantized_dir
+
+    folder = dequantized_dir(ZOO[loaded.info.name], loaded.info.weights_sha256)
+    request = {"model": str(folder), "prompts": prompts, "max_tokens": max_tokens,
+               "n_sink": n_sink, "window": window, "block_size": block_size,
+               "max_model_len": max_model_len, **extra}  # fmt: skip
+    return run_json(python, STREAM, request)
+
+
 def logprob_gaps(logprobs: list[float], steps: list[Tensor], tokens: list[int]) -> list[float]:
     """Per step, |vLLM's log-probability of the chosen token - sinklab's|."""
     return [abs(lp - float(st[tok])) for lp, st, tok in zip(logprobs, steps, tokens, strict=True)]
