@@ -2,8 +2,8 @@
 the calls' grammar embeds every tool's ``parameters`` under ``#/properties/arguments`` (or
 ``#/anyOf/i/...`` beside other tools), so local ``$ref``s are rebased, except inside a schema
 with its own ``$id`` (a resource whose references resolve against it); an ``$anchor`` declares
-no base; a draft-07 ``#anchor`` ``$id`` (which the compiler refuses) and two tools declaring one
-``$id`` are each a 400 ``tools`` that says why. Each case is
+no base, and draft-07's ``"$id": "#name"`` is that anchor; one ``$id`` (resolved) naming two
+different schemas is a 400 ``tools`` that says why. Each case is
 compiled by the server's own :class:`~sinklab.serve.grammar.Formats` (llguidance) and driven
 with SmolLM2's tokenizer: a call the schema allows is accepted whole, one it forbids is not."""
 
@@ -95,7 +95,7 @@ def test_a_nested_id_and_a_pointer_into_it(formats):
     assert not _accepts(formats, fmt, "book", BAD | {"home": {"name": "Bergen"}})
 
 
-def test_two_tools_declaring_one_id_are_a_400(formats):
+def test_one_id_for_two_different_schemas_is_a_400(formats):
     same = {"$id": "https://example.com/args.json"}
     a, b = _book(**same), _tool("count", {**OTHER["function"]["parameters"], **same})
     with pytest.raises(ApiError) as err:
@@ -105,7 +105,33 @@ def test_two_tools_declaring_one_id_are_a_400(formats):
     formats.tool_calls([a], None, parallel=False)  # alone it is one resource: compiled
 
 
-def test_a_draft_07_anchor_id_is_a_400_naming_it(formats):
-    with pytest.raises(ApiError) as err:
-        formats.tool_calls([_book(**{"$id": "#book"})], None, parallel=False)
-    assert err.value.param == "tools" and "$anchor 'book'" in err.value.message, err.value
+def test_ids_that_name_one_schema_each_compile(formats):
+    """What the check above must let through: one shared schema under one ``$id`` in two
+    tools, and one relative ``$id`` under two different bases (two resources)."""
+    city = {"$id": "https://example.com/city.json", **CITY}
+    a = _tool("book", {"type": "object", "properties": {"city": city}, "required": ["city"],
+                       "additionalProperties": False})  # fmt: skip
+    b = _tool("visit", a["function"]["parameters"])
+    fmt = formats.tool_calls([a, b], None, parallel=False)
+    assert _accepts(formats, fmt, "visit", GOOD) and not _accepts(formats, fmt, "visit", BAD)
+    rel = [_book(**{"$id": f"https://example.com/{n}/"}) for n in ("a", "b")]
+    for tool in rel:
+        tool["function"]["parameters"]["$defs"]["City"] = {"$id": "city.json", **CITY}
+    rel[1]["function"]["name"] = "visit"
+    shorter = {"type": "string", "maxLength": 6}  # a different schema under the same relative id
+    rel[1]["function"]["parameters"]["$defs"]["City"]["properties"] = {"name": shorter}
+    fmt = formats.tool_calls(rel, None, parallel=False)
+    assert _accepts(formats, fmt, "visit", GOOD) and not _accepts(formats, fmt, "book", BAD)
+
+
+@pytest.mark.parametrize("beside", [False, True], ids=["alone", "beside-another"])
+def test_a_draft_07_anchor_id_means_an_anchor(formats, beside):
+    """``"$id": "#city"`` is draft-07's anchor: written as ``$anchor`` for the compiler, a
+    ``$ref`` to it resolves, and one with no reference to it compiles as before."""
+    tool = _tool("book", {"$defs": {"City": {"$id": "#city", **CITY}}, "type": "object",
+                          "properties": {"city": {"$ref": "#city"}}, "required": ["city"],
+                          "additionalProperties": False})  # fmt: skip
+    fmt = formats.tool_calls([OTHER, tool] if beside else [tool], None, parallel=False)
+    assert _accepts(formats, fmt, "book", GOOD) and not _accepts(formats, fmt, "book", BAD)
+    bare = _tool("visit", _book(**{"$id": "#"})["function"]["parameters"])
+    formats.tool_calls([_book(**{"$id": "#book"}), bare], None, parallel=False)

@@ -5,7 +5,8 @@ raw (unrotated) key rotated at its position *in the cache* (sink ``j`` at ``j``,
 after them, the query at ``n_sink + window``), softmax in float64. The cache is laid out as
 vLLM's CPU backend writes it (keys transposed per block, docs/vllm.md#layout) with keys rotated
 at their stream position (or at the rebased one past ``max_position``), scattered over shuffled
-blocks. One plan serves two layers' caches, as the backend reuses it.
+blocks, with only the slots some query keeps written (NaN everywhere else, so a slot read that
+is not kept shows). One plan serves two layers' caches, as the backend reuses it.
 
 Pure PyTorch: the plugin's attention module imports nothing from vLLM, so this runs in
 sinklab's venv beside the engine tests of tests/test_vllm_stream.py."""
@@ -68,7 +69,8 @@ def test_one_plan_serves_every_layer_as_streamingllm_attends(max_position):
     mover = KeyMover(INV, D, D)
     n_blocks = 3 * (length // B + 1)
     perm = torch.randperm(n_blocks, generator=torch.Generator().manual_seed(0))
-    rows = [perm[: length // B + 1], perm[length // B + 1 : 2 * (length // B + 1)]]
+    per = length // B + 1
+    rows = [perm[:per].int(), perm[per : 2 * per].int()]  # int32, as vLLM's block table
     positions = torch.tensor([capacity + 1, 50, length - 1])  # past the window
     which = torch.tensor([0, 1, 0])  # each query's request
     block_rows = torch.stack([rows[int(r)] for r in which])
@@ -80,9 +82,12 @@ def test_one_plan_serves_every_layer_as_streamingllm_attends(max_position):
         kv = cache.view(n_blocks, KV_HEADS, 2 * B, D)
         key_blocks = kv[:, :, :B].reshape(n_blocks, KV_HEADS, D, B)  # views: written through
         value_blocks = kv[:, :, B:]
+        kept: list[set[int]] = [set(), set()]  # only what some query keeps: NaN elsewhere
+        for r, t in zip(which.tolist(), positions.tolist(), strict=True):
+            kept[r] |= set(range(n_sink)) | set(range(t - window, t + 1))
         for r, (keys, values, _) in enumerate(layers):
             rotated = _rope(keys, rotated_at(torch.arange(length), capacity, max_position))
-            for p in range(length):
+            for p in sorted(kept[r]):
                 b, o = int(rows[r][p // B]), p % B
                 value_blocks[b, :, o] = values[p]
                 key_blocks[b, :, :, o] = rotated[p].float()

@@ -103,9 +103,9 @@ def test_the_plugin_rebases_positions_past_the_models_table_exactly(vllm_py, smo
 @pytest.mark.integration
 def test_a_preempted_stream_resumes_exactly(vllm_py, smollm2):
     """Preemption: two streams (4 + 60 kept, blocks of 32: 4 blocks each once decoding) in a pool
-    of 8 blocks (7 usable) cannot both grow, so vLLM preempts one, frees its blocks and, once
-    the other is done, recomputes its prompt and tokens so far as a prompt, in chunks of 64
-    tokens, most of them past the window. The plugin attends each such token over its sinks and
+    of 8 blocks (7 usable) cannot both grow, so vLLM preempts one, frees its blocks and, when
+    blocks free up, recomputes its prompt and tokens so far as a prompt, in chunks of at most 64
+    tokens; those past position 64 take the plugin's path, which attends each over its sinks and
     window, as its decode step had, so the resumed stream goes on as sinklab's: every token and
     every step's log-probability, for both requests (docs/vllm.md#wiring)."""
     from sinklab.corpus import load_text, token_stream

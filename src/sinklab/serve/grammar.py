@@ -159,24 +159,22 @@ class Formats:
         tool's parameters this server cannot enforce are a 400 naming them."""
         from llguidance import LLMatcher
 
-        seen: dict[str, str] = {}  # one grammar embeds every tool: a base URI names one schema
+        # one grammar embeds every tool: a base URI may name one schema only
+        seen: dict[str, tuple[str, str]] = {}
         for tool in tools:
             name = tool["function"]["name"]
-            for uri in sorted(declared_ids(tool["function"].get("parameters") or {})):
-                if uri.startswith("#"):  # draft-07's anchor form, which the compiler refuses
-                    raise _bad(
-                        f"the parameters of {name!r} declare $id {uri!r}, an anchor in draft-07's "
-                        "form, which this server's grammar engine (JSON Schema 2020-12) does not "
-                        f"take; write it as $anchor {uri[1:]!r}",
-                        "tools",
-                    )
-                if uri in seen:
-                    raise _bad(
-                        f"the parameters of {seen[uri]!r} and {name!r} both declare $id {uri!r}; "
-                        "give each tool's schema its own $id, or none",
-                        "tools",
-                    )
-                seen[uri] = name
+            found = declared_ids(tool["function"].get("parameters") or {})
+            for uri, schemas in sorted(found.items()):
+                for schema in schemas:
+                    text = json.dumps(schema, sort_keys=True)
+                    first = seen.setdefault(uri, (name, text))
+                    if first[1] != text:
+                        where = f"{first[0]!r} and {name!r}" if first[0] != name else repr(name)
+                        raise _bad(
+                            f"the parameters of {where} declare $id {uri!r} for two different "
+                            "schemas; give each its own $id",
+                            "tools",
+                        )
         if len(tools) == 1:
             body = call_schema(tools[0])
         else:

@@ -19,6 +19,7 @@ import json
 import re
 import secrets
 from typing import Any, Literal
+from urllib.parse import urljoin
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
@@ -167,48 +168,59 @@ def _own_id(node: Any) -> str | None:
     return own if isinstance(own, str) and own and not own.startswith("#") else None
 
 
-def declared_ids(node: Any) -> set[str]:
-    """Every ``$id`` declared in the schema ``node`` (not inside data), base URIs and
-    ``#anchor`` forms alike."""
-    found: set[str] = set()
-    if isinstance(node, list):
-        for v in node:
-            found |= declared_ids(v)
-    elif isinstance(node, dict):
-        if isinstance(node.get("$id"), str):
-            found.add(node["$id"])
-        for k, v in node.items():
+def declared_ids(node: Any, base: str = "") -> dict[str, list[Any]]:
+    """Each base URI declared in the schema ``node`` (not inside data), resolved against the
+    ``$id``s above it (``base``), with the schemas that declare it."""
+    found: dict[str, list[Any]] = {}
+
+    def walk(n: Any, at: str) -> None:
+        if isinstance(n, list):
+            for v in n:
+                walk(v, at)
+            return
+        if not isinstance(n, dict):
+            return
+        if (own := _own_id(n)) is not None:
+            at = urljoin(at, own) if at else own
+            found.setdefault(at, []).append(n)
+        for k, v in n.items():
             if k in _NAMED and isinstance(v, dict):
-                for s in v.values():
-                    found |= declared_ids(s)
+                for sub in v.values():
+                    walk(sub, at)
             elif k not in _DATA:
-                found |= declared_ids(v)
+                walk(v, at)
+
+    walk(node, base)
     return found
 
 
-def _rebased(node: Any, base: str) -> Any:
+def _rebased(node: Any, base: str, rebase: bool = True) -> Any:
     """``node`` with every local ``$ref`` (``#`` or ``#/...``) pointing under ``base`` instead
     of the root (references by URI are left to the compiler, which resolves an embedded ``$id``
-    and refuses a remote one; values under ``const``,
-    ``enum``, ``default`` and ``examples`` are data and stay as they are). A schema with its
-    own ``$id`` (not a plain ``#anchor``) is a resource of its own: its local references
-    resolve against it wherever it sits, so it stays as sent."""
+    and refuses a remote one; values under ``const``, ``enum``, ``default`` and ``examples`` are
+    data and stay as they are). Inside a schema with its own ``$id`` (not a plain ``#anchor``),
+    a resource of its own whose local references resolve against it wherever it sits, nothing
+    is rebased. A draft-07 anchor, ``"$id": "#name"``, is written as 2020-12's ``"$anchor":
+    "name"`` (what it means there; the compiler reads 2020-12 and refuses the old form)."""
     if isinstance(node, dict):
         if _own_id(node) is not None:
-            return node
+            rebase = False
         out: dict[str, Any] = {}
         for k, v in node.items():
-            if k == "$ref" and isinstance(v, str) and (v == "#" or v.startswith("#/")):
+            if k == "$id" and isinstance(v, str) and v.startswith("#"):
+                if v[1:] and "$anchor" not in node:
+                    out["$anchor"] = v[1:]
+            elif rebase and k == "$ref" and isinstance(v, str) and (v == "#" or v.startswith("#/")):
                 out[k] = base + v[1:]
             elif k in _NAMED and isinstance(v, dict):  # name -> schema: a name is no keyword
-                out[k] = {name: _rebased(s, base) for name, s in v.items()}
+                out[k] = {name: _rebased(s, base, rebase) for name, s in v.items()}
             elif k in _DATA:
                 out[k] = v
             else:
-                out[k] = _rebased(v, base)
+                out[k] = _rebased(v, base, rebase)
         return out
     if isinstance(node, list):
-        return [_rebased(v, base) for v in node]
+        return [_rebased(v, base, rebase) for v in node]
     return node
 
 

@@ -210,8 +210,8 @@ class SinkCPUAttentionImpl(CPUAttentionBackendImpl):
                     "sinklab: the rebase hook is not on this model's rotary embedding; positions "
                     f"past {self.max_position} cannot be run exactly (docs/vllm.md#positions)"
                 )
-            # pieces bound each layer's gathered keys; the plans (int64 slots, cos/sin) live for
-            # the forward, about 25 MB at 4,096 evicted queries with 4 + 252
+            # pieces bound each layer's gathered keys; the plans (block ids and offsets, cos and
+            # sin) live for the forward, some 17-25 MB at 4,096 evicted queries with 4 + 252
             for at in range(0, len(index), QUERIES_AT_ONCE):
                 reqs = torch.tensor(request[at : at + QUERIES_AT_ONCE], dtype=torch.long)
                 plan = plan_evicted(
