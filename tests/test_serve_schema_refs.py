@@ -122,6 +122,50 @@ def test_ids_that_name_one_schema_each_compile(formats):
     rel[1]["function"]["parameters"]["$defs"]["City"]["properties"] = {"name": shorter}
     fmt = formats.tool_calls(rel, None, parallel=False)
     assert _accepts(formats, fmt, "visit", GOOD) and not _accepts(formats, fmt, "book", BAD)
+    seven = {"city": {"name": "Tromsoe"}}  # each tool's own City: 8 characters, then 6
+    assert _accepts(formats, fmt, "book", seven) and not _accepts(formats, fmt, "visit", seven)
+    # one URI spelled two ways (relative under a base with a capital host, and absolute) is one
+    # name: the same schema under it compiles, a different one is refused
+    bases = {"book": ("https://Example.com/t/", "city.json"),
+             "visit": ("https://example.com/u/", "https://example.com/t/city.json")}  # fmt: skip
+    for city, refused in ((CITY, False), ({**CITY, "properties": {"name": shorter}}, True)):
+        spelled = [
+            _tool(
+                n,
+                {
+                    "$id": base,
+                    "type": "object",
+                    "additionalProperties": False,
+                    "properties": {"city": {"$id": c, **(CITY if n == "book" else city)}},
+                    "required": ["city"],
+                },
+            )
+            for n, (base, c) in bases.items()
+        ]
+        if refused:
+            with pytest.raises(ApiError, match=r"https://example\.com/t/city\.json"):
+                formats.tool_calls(spelled, None, parallel=False)
+        else:
+            formats.tool_calls(spelled, None, parallel=False)
+
+
+@pytest.mark.parametrize(
+    "mark",
+    [{"$id": "https://example.com/city.json"}, {"$anchor": "city"}, {"$id": "#city"}],
+    ids=["nested-id", "anchor", "draft-07-anchor"],
+)
+def test_one_name_for_two_different_nested_schemas_is_a_400(formats, mark):
+    """Two tools each nesting a schema under one name (a base URI or, at the shared root, an
+    anchor) that differ: a reference could find either, so it is refused."""
+    shorter = {**CITY, "properties": {"name": {"type": "string", "maxLength": 6}}}
+    tools = [_tool(n, {"type": "object", "properties": {"city": {**mark, **c}},
+                       "required": ["city"], "additionalProperties": False})
+             for n, c in (("book", CITY), ("visit", shorter))]  # fmt: skip
+    with pytest.raises(ApiError) as err:
+        formats.tool_calls(tools, None, parallel=False)
+    assert err.value.param == "tools" and "two different schemas" in err.value.message, err.value
+    tools[1]["function"]["parameters"]["properties"]["city"] = {**mark, **CITY}
+    formats.tool_calls(tools, None, parallel=False)  # the same schema twice: one, compiled
 
 
 @pytest.mark.parametrize("beside", [False, True], ids=["alone", "beside-another"])

@@ -159,7 +159,7 @@ class Formats:
         tool's parameters this server cannot enforce are a 400 naming them."""
         from llguidance import LLMatcher
 
-        # one grammar embeds every tool: a base URI may name one schema only
+        # one grammar embeds every tool: a base URI or an anchor may name one schema only
         seen: dict[str, tuple[str, str]] = {}
         for tool in tools:
             name = tool["function"]["name"]
@@ -170,9 +170,10 @@ class Formats:
                     first = seen.setdefault(uri, (name, text))
                     if first[1] != text:
                         where = f"{first[0]!r} and {name!r}" if first[0] != name else repr(name)
+                        what = "anchor" if "#" in uri else "$id"
                         raise _bad(
-                            f"the parameters of {where} declare $id {uri!r} for two different "
-                            "schemas; give each its own $id",
+                            f"the parameters of {where} declare {what} {uri!r} for two different "
+                            f"schemas; give each its own {what}",
                             "tools",
                         )
         if len(tools) == 1:

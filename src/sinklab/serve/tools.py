@@ -19,7 +19,7 @@ import json
 import re
 import secrets
 from typing import Any, Literal
-from urllib.parse import urljoin
+from urllib.parse import urljoin, urlsplit, urlunsplit
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
@@ -168,10 +168,21 @@ def _own_id(node: Any) -> str | None:
     return own if isinstance(own, str) and own and not own.startswith("#") else None
 
 
+def _uri(base: str, ref: str) -> str:
+    """``ref`` resolved against ``base``, an empty fragment dropped and the scheme and host in
+    lower case (so two spellings of one URI compare equal)."""
+    parts = urlsplit(urljoin(base, ref) if base else ref)
+    return urlunsplit((parts.scheme.lower(), parts.netloc.lower(), parts.path, parts.query, ""))
+
+
 def declared_ids(node: Any, base: str = "") -> dict[str, list[Any]]:
-    """Each base URI declared in the schema ``node`` (not inside data), resolved against the
-    ``$id``s above it (``base``), with the schemas that declare it."""
+    """Each name a reference can find in the schema ``node`` (not inside data), with the
+    schemas that declare it (their own ``$id``/``$anchor`` left out, so that one schema
+    spelled two ways compares equal): a base URI (``$id``, resolved against the ones above it)
+    and an anchor (``$anchor``, ``$dynamicAnchor`` or draft-07's ``"$id": "#name"``, as
+    ``<base>#<name>``; the base is empty at the grammar's root, which every tool shares)."""
     found: dict[str, list[Any]] = {}
+    own_keys = ("$id", "$anchor", "$dynamicAnchor")
 
     def walk(n: Any, at: str) -> None:
         if isinstance(n, list):
@@ -180,9 +191,18 @@ def declared_ids(node: Any, base: str = "") -> dict[str, list[Any]]:
             return
         if not isinstance(n, dict):
             return
+        bare = {k: v for k, v in n.items() if k not in own_keys}
         if (own := _own_id(n)) is not None:
-            at = urljoin(at, own) if at else own
-            found.setdefault(at, []).append(n)
+            at = _uri(at, own)
+            found.setdefault(at, []).append(bare)
+        old = n.get("$id") if isinstance(n.get("$id"), str) and n["$id"][1:] else None
+        names = [
+            n.get("$anchor"),
+            n.get("$dynamicAnchor"),
+            old[1:] if old and old[0] == "#" else None,
+        ]
+        for name in {x for x in names if isinstance(x, str) and x}:
+            found.setdefault(f"{at}#{name}", []).append(bare)
         for k, v in n.items():
             if k in _NAMED and isinstance(v, dict):
                 for sub in v.values():
